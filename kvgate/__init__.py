@@ -1,0 +1,1 @@
+"""kvgate: shared config, the `kvgate` CLI and the process supervisor."""

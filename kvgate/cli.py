@@ -1,0 +1,168 @@
+"""The `kvgate` command: argument parsing for every subcommand, and dispatch to the part that runs it.
+
+Each part (gateway, worker, bench) is imported only when its subcommand runs, so `kvgate --help`
+is fast and the gateway never loads torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+from kvgate.config import ConfigError, load_config
+
+
+class UsageError(Exception):
+    """A problem the user can fix; printed as `kvgate: ...` with exit status 2."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvgate",
+        description="KV-cache-aware LLM gateway with bundled paged-attention workers.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_up(sub)
+    _add_gateway(sub)
+    _add_worker(sub)
+    _add_keys(sub)
+    _add_bench(sub)
+    return parser
+
+
+def _add_up(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("up", help="start the configured workers and the gateway on this machine",
+                       description="Start every worker that has a `launch` section, then the gateway; "
+                       "wait for health, print the URL and a development API key, stop all on Ctrl-C.")
+    p.add_argument("--config", required=True, type=Path, help="kvgate YAML config (e.g. configs/local.yaml)")
+    p.add_argument("--port", type=_port, help="gateway port (overrides gateway.port)")
+    p.add_argument("--health-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="how long to wait for each child's /health (default: 600)")
+    p.set_defaults(handler=_run_up)
+
+
+def _add_gateway(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gateway", help="run the gateway (OpenAI-compatible proxy)",
+                       description="Serve the OpenAI API in front of the pools in the config.")
+    p.add_argument("--config", required=True, type=Path, help="kvgate YAML config")
+    p.add_argument("--host", help="listen address (overrides gateway.host)")
+    p.add_argument("--port", type=_port, help="listen port (overrides gateway.port)")
+    p.set_defaults(handler=_dispatch("gateway.cli", "run", "the gateway"))
+
+
+def _add_worker(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("worker", help="run an inference worker (OpenAI API + KV events)",
+                       description="Serve a model with the bundled paged-attention engine.")
+    p.add_argument("--model", required=True, help="local HF model folder, or `default` (SmolLM2-135M-Instruct)")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default: 127.0.0.1)")
+    p.add_argument("--port", required=True, type=_port, help="listen port")
+    p.add_argument("--executor", choices=("torch", "sim"), default="torch",
+                   help="torch: real model math; sim: calibrated timing model (default: torch)")
+    p.add_argument("--block-size", type=_positive_int, default=16, help="tokens per KV block (default: 16)")
+    p.add_argument("--num-blocks", type=_positive_int, help="KV blocks to allocate (default: from memory)")
+    p.add_argument("--max-num-seqs", type=_positive_int, default=64, help="max running sequences (default: 64)")
+    p.add_argument("--max-num-batched-tokens", type=_positive_int, help="token budget per step")
+    p.add_argument("--kv-events-endpoint", metavar="tcp://HOST:PORT",
+                   help="publish KV events here (ZMQ PUB; replay socket on PORT+1)")
+    p.add_argument("--served-model-name", metavar="NAME", help="model name clients use (default: from the model)")
+    p.add_argument("--worker-id", metavar="NAME", help="name in logs, metrics and KV-event topics")
+    p.set_defaults(handler=_dispatch("worker.cli", "run", "the worker"))
+
+
+def _add_keys(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("keys", help="manage API keys", description="Manage API keys.")
+    keys_sub = p.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    create = keys_sub.add_parser("create", help="create an API key for a tenant",
+                                 description="Print a new API key once, with the hash to put in the config "
+                                 "(auth.keys) or store it in Redis with --redis.")
+    create.add_argument("--tenant", required=True, help="tenant the key belongs to")
+    create.add_argument("--redis", metavar="URL", help="store the key's hash in this Redis")
+    create.set_defaults(handler=_run_keys_create)
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="run load tests and benchmarks (see `kvgate bench --help`)",
+                       description="Load tests and benchmarks; arguments after `bench` go to the load-test suite.")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the load-test suite")
+    p.set_defaults(handler=_dispatch("loadtest.cli", "run", "the load-test suite"))
+
+
+def _dispatch(module: str, function: str, part: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        if importlib.util.find_spec(module) is None:
+            raise UsageError(f"{part} is not part of this build yet ({module} is missing)")
+        return getattr(importlib.import_module(module), function)(args)
+
+    return handler
+
+
+def _run_keys_create(args: argparse.Namespace) -> int:
+    from kvgate.keys import generate_key, hash_key, store_in_redis
+
+    key = generate_key()
+    digest = hash_key(key)
+    if args.redis:
+        store_in_redis(args.redis, digest, args.tenant)
+        where = f"stored in {args.redis}"
+    else:
+        where = "add to your config under auth.keys:\n" f"  - tenant: {args.tenant}\n    sha256: {digest}"
+    print(f"API key for tenant {args.tenant} (shown once, store it now):\n  {key}\n{where}")
+    return 0
+
+
+def _run_up(args: argparse.Namespace) -> int:
+    from kvgate.stack import dev_api_key, print_banner, stack_specs
+    from kvgate.supervisor import Supervisor
+
+    config = load_config(args.config)
+    port = args.port if args.port is not None else config.gateway.port
+    env_name = config.auth.dev_key_env
+    api_key = dev_api_key(os.environ.get(env_name) if env_name else None)
+    with_gateway = importlib.util.find_spec("gateway.cli") is not None
+    if not with_gateway:
+        print("kvgate: the gateway is not part of this build yet; starting the workers only")
+    specs = stack_specs(config, args.config, port, api_key, include_gateway=with_gateway)
+    supervisor = Supervisor(specs, health_timeout_s=args.health_timeout)
+    on_ready = (lambda: print_banner(sys.stdout, config, port, api_key)) if with_gateway else None
+    return supervisor.run(on_ready=on_ready)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except ConfigError as exc:
+        where = f"{args.config}: " if getattr(args, "config", None) else ""
+        print(f"kvgate: {where}{exc}", file=sys.stderr)
+        return 2
+    except UsageError as exc:
+        print(f"kvgate: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,218 @@
+"""The kvgate YAML schema: one frozen dataclass per section; every default lives here.
+
+configs/example.yaml shows each section with comments; configs/local.yaml is the embedded
+default that `make run` starts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from kvgate.config.loader import ConfigError
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _check_http_url(url: str) -> None:
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError("url", "not an http(s) URL")
+
+
+def _check_zmq_endpoint(endpoint: str, key: str) -> None:
+    parsed = urlparse(endpoint)
+    if parsed.scheme not in ("tcp", "ipc") or (parsed.scheme == "tcp" and not parsed.port):
+        raise ConfigError(key, "not a ZMQ endpoint like tcp://HOST:PORT")
+
+
+def _check_positive(value: float | None, key: str) -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(key, "must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Where the gateway listens."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError("port", "must be in 0..65535")
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    """Request size limits enforced before a request is parsed."""
+
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_header_count: int = 100
+    max_header_bytes: int = 16 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_header_count", "max_header_bytes"):
+            _check_positive(getattr(self, name), name)
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamConfig:
+    """Timeouts and retries for calls from the gateway to workers."""
+
+    connect_timeout_s: float = 2.0
+    first_byte_timeout_s: float = 60.0
+    idle_timeout_s: float = 30.0
+    total_timeout_s: float = 600.0
+    max_retries: int = 2
+    retry_budget_ratio: float = 0.1
+    retry_budget_min_per_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("connect_timeout_s", "first_byte_timeout_s", "idle_timeout_s", "total_timeout_s"):
+            _check_positive(getattr(self, name), name)
+        if not 0 <= self.max_retries <= 5:
+            raise ConfigError("max_retries", "must be in 0..5")
+        if not 0 < self.retry_budget_ratio <= 1:
+            raise ConfigError("retry_budget_ratio", "must be in (0, 1]")
+        if self.retry_budget_min_per_s < 0:
+            raise ConfigError("retry_budget_min_per_s", "must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyConfig:
+    """A tenant's API key, stored only as the SHA-256 hex digest (`kvgate keys create` prints it)."""
+
+    tenant: str
+    sha256: str
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.tenant):
+            raise ConfigError("tenant", "must be letters, digits, '.', '_' or '-'")
+        if not _SHA256_HEX.match(self.sha256):
+            raise ConfigError("sha256", "must be 64 lowercase hex characters")
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    """API keys -> tenants. dev_key_env names an env var whose key maps to dev_tenant."""
+
+    keys: tuple[ApiKeyConfig, ...] = ()
+    dev_key_env: str | None = "KVGATE_API_KEY"
+    dev_tenant: str = "dev"
+
+
+@dataclass(frozen=True, slots=True)
+class RedisConfig:
+    """Shared state for gateway replicas; url None means in-memory (one replica)."""
+
+    url: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.url is not None and urlparse(self.url).scheme not in ("redis", "rediss", "unix"):
+            raise ConfigError("url", "not a redis:// URL")
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchConfig:
+    """How `kvgate up` starts this worker on the local machine (omit for remote workers)."""
+
+    model: str = "default"
+    executor: Literal["torch", "sim"] = "torch"
+    block_size: int = 16
+    num_blocks: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None
+    served_model_name: str | None = None
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
+            _check_positive(getattr(self, name), name)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """One inference worker: where to send requests and where it publishes KV events."""
+
+    name: str
+    url: str
+    kv_events_endpoint: str | None = None
+    launch: LaunchConfig | None = None
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ConfigError("name", "must be letters, digits, '.', '_' or '-'")
+        _check_http_url(self.url)
+        if self.kv_events_endpoint is not None:
+            _check_zmq_endpoint(self.kv_events_endpoint, "kv_events_endpoint")
+        if self.launch is not None:
+            host = urlparse(self.url).hostname
+            if host not in ("127.0.0.1", "localhost", "::1") or urlparse(self.url).port is None:
+                raise ConfigError("launch", "only workers at http://127.0.0.1:PORT can be launched")
+
+    @property
+    def port(self) -> int | None:
+        return urlparse(self.url).port
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """The routing policy for a pool: a type name and its parameters (checked by the router)."""
+
+    type: str = "kv_aware"
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    """Workers serving one model, and how to route among them."""
+
+    model: str
+    workers: tuple[WorkerConfig, ...]
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    tokenizer: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.workers:
+            raise ConfigError("workers", "at least one worker is required")
+
+
+@dataclass(frozen=True, slots=True)
+class KvgateConfig:
+    """The whole file: the gateway's server, limits, upstream, auth, redis and pools."""
+
+    pools: dict[str, PoolConfig]
+    gateway: ServerConfig = field(default_factory=ServerConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    redis: RedisConfig = field(default_factory=RedisConfig)
+
+    def __post_init__(self) -> None:
+        if not self.pools:
+            raise ConfigError("pools", "at least one pool is required")
+        for pool_name in self.pools:
+            if not _NAME.match(pool_name):
+                raise ConfigError(f"pools.{pool_name}", "pool names must be letters, digits, '.', '_' or '-'")
+        self._check_unique_workers()
+
+    def _check_unique_workers(self) -> None:
+        names: dict[str, str] = {}
+        ports: dict[int, str] = {}
+        for pool_name, pool in self.pools.items():
+            for i, worker in enumerate(pool.workers):
+                where = f"pools.{pool_name}.workers[{i}]"
+                if worker.name in names:
+                    raise ConfigError(f"{where}.name", f"worker name {worker.name!r} also used at {names[worker.name]}")
+                names[worker.name] = where
+                if worker.launch is not None and worker.port is not None:
+                    if worker.port in ports or worker.port == self.gateway.port:
+                        raise ConfigError(f"{where}.url", f"port {worker.port} is already used")
+                    ports[worker.port] = where
+
+    def launched_workers(self) -> list[WorkerConfig]:
+        return [w for pool in self.pools.values() for w in pool.workers if w.launch is not None]

@@ -1,0 +1,99 @@
+"""The `kvgate` command as a user runs it: help for each subcommand, key creation, bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kvgate.keys import hash_key
+
+
+def kvgate(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvgate", *args], capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+def test_top_level_help_lists_every_subcommand():
+    result = kvgate("--help")
+    assert result.returncode == 0
+    for command in ("up", "gateway", "worker", "keys", "bench"):
+        assert f"    {command} " in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected_flags"),
+    [
+        (("up",), ["--config", "--port"]),
+        (("gateway",), ["--config", "--host", "--port"]),
+        (("worker",), ["--model", "--port", "--executor", "--block-size", "--num-blocks", "--max-num-seqs",
+                       "--kv-events-endpoint", "--served-model-name"]),
+        (("keys",), ["create"]),
+        (("keys", "create"), ["--tenant", "--redis"]),
+        (("bench",), ["args"]),
+    ],
+    ids=["up", "gateway", "worker", "keys", "keys-create", "bench"],
+)
+def test_each_subcommand_has_help(argv, expected_flags):
+    result = kvgate(*argv, "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: kvgate {' '.join(argv)}")
+    for flag in expected_flags:
+        assert flag in result.stdout
+
+
+def test_help_does_not_import_torch():
+    code = "import sys; from kvgate.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_keys_create_prints_a_key_once_with_the_hash_for_the_config():
+    result = kvgate("keys", "create", "--tenant", "team-a")
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    key = lines[1].strip()
+    assert key.startswith("kvg-") and len(key) > 40
+    assert f"    sha256: {hash_key(key)}" in lines
+    assert "  - tenant: team-a" in lines
+
+
+def test_keys_create_stores_only_the_hash_in_redis():
+    redis = pytest.importorskip("redis")
+    client = redis.Redis.from_url("redis://127.0.0.1:6379/15")
+    try:
+        client.ping()
+    except redis.ConnectionError:
+        pytest.fail("Redis must listen on 127.0.0.1:6379 for the test suite")
+    client.delete("kvgate:api_keys")
+    result = kvgate("keys", "create", "--tenant", "team-b", "--redis", "redis://127.0.0.1:6379/15")
+    assert result.returncode == 0, result.stderr
+    key = result.stdout.splitlines()[1].strip()
+    assert client.hgetall("kvgate:api_keys") == {hash_key(key).encode(): b"team-b"}
+    client.delete("kvgate:api_keys")
+    client.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("worker", "--model", "default", "--port", "http"), "argument --port: expected a port number, got 'http'"),
+        (("worker", "--model", "default", "--port", "1", "--block-size", "0"),
+         "argument --block-size: expected a positive integer, got '0'"),
+        (("worker", "--model", "default", "--port", "1", "--executor", "gpu"), "argument --executor: invalid choice"),
+        (("up",), "the following arguments are required: --config"),
+    ],
+    ids=["bad-port", "zero-block-size", "bad-executor", "missing-config"],
+)
+def test_bad_arguments_exit_2_with_a_clear_message(argv, message):
+    result = kvgate(*argv)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_up_with_a_bad_config_names_file_and_path(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("pools: {default: {model: m, workers: [{name: a, url: 'ftp://x'}]}}\n")
+    result = kvgate("up", "--config", str(path))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"kvgate: {path}: pools.default.workers[0].url: not an http(s) URL"

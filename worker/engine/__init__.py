@@ -1,0 +1,1 @@
+"""Engine core: block manager, scheduler and the step loop (no torch)."""

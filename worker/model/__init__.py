@@ -1,0 +1,1 @@
+"""Model loading and the Llama-family decoder (torch)."""
