@@ -1,1 +1,1 @@
-"""admission package."""
+"""Admission control: tenants, limits, queues and retry budgets (pure logic, time injected)."""

@@ -90,6 +90,10 @@ def _add_worker(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-events-endpoint", metavar="tcp://HOST:PORT",
                    help="publish KV events here (ZMQ PUB; replay socket on PORT+1)")
     p.add_argument("--served-model-name", metavar="NAME", help="model name clients use (default: from the model)")
+    p.add_argument("--max-model-len", type=_positive_int, help="context length (default: the model's)")
+    p.add_argument("--device", help="torch device, e.g. cpu or cuda:0 (default: cuda when present)")
+    p.add_argument("--sim-timing", metavar="K=V,...",
+                   help="sim executor timing overrides (see docs/sim-calibration.md)")
     p.add_argument("--worker-id", metavar="NAME", help="name in logs, metrics and KV-event topics")
     p.set_defaults(handler=_dispatch("worker.cli", "run", "the worker"))
 

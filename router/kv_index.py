@@ -1,0 +1,334 @@
+"""Who holds which block keys: confirmed (from KV events) and predicted (from recent decisions)."""
+
+from __future__ import annotations
+
+import heapq
+import sys
+import time
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from itertools import repeat
+
+from router.block_keys import chain_block_keys, model_seed
+from router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+
+_INT_BYTES = sys.getsizeof(2**63)  # a 64-bit int object
+
+
+@dataclass(slots=True)
+class _Worker:
+    bit: int
+    seed: int
+    max_blocks: int
+    blocks: dict[Hashable, int] = field(default_factory=dict)  # engine hash -> key, oldest first
+    extra_refs: dict[int, int] = field(default_factory=dict)  # key -> further engine hashes (rare)
+    predicted: dict[int, float] = field(default_factory=dict)  # key -> expiry (clock seconds)
+    block_size: int | None = None
+
+
+@dataclass(slots=True)
+class IndexCounters:
+    """Monotonic counters, exported as metrics by the gateway."""
+
+    events_applied: int = 0
+    blocks_stored: int = 0
+    blocks_removed: int = 0
+    blocks_evicted: int = 0
+    workers_cleared: int = 0
+    stored_unknown_parent: int = 0
+    events_skipped_lora: int = 0
+    events_skipped_medium: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class IndexStats:
+    """Memory report: entries per worker and an approximate size of the whole index."""
+
+    num_keys_confirmed: int
+    num_keys_predicted: int
+    blocks_per_worker: dict[str, int]
+    predicted_per_worker: dict[str, int]
+    approx_bytes: int
+
+
+class KvIndex:
+    """Two layers over chained block keys, each a map key -> bitmask of workers.
+
+    Confirmed entries come from BlockStored/BlockRemoved/AllBlocksCleared; each worker keeps its
+    engine-hash -> key map (capped at max_blocks, oldest evicted first). Predicted entries are the
+    router's own recent decisions and expire after predicted_ttl_s.
+    """
+
+    def __init__(
+        self,
+        *,
+        predicted_ttl_s: float = 2.0,
+        default_max_blocks: int = 262_144,
+        indexed_media: frozenset[str] | None = frozenset({"GPU"}),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if predicted_ttl_s <= 0:
+            raise ValueError("predicted_ttl_s must be > 0")
+        if default_max_blocks < 1:
+            raise ValueError("default_max_blocks must be >= 1")
+        self.predicted_ttl_s = predicted_ttl_s
+        self.default_max_blocks = default_max_blocks
+        self.indexed_media = indexed_media
+        self.counters = IndexCounters()
+        self._clock = clock
+        self._workers: dict[str, _Worker] = {}
+        self._worker_of_bit: dict[int, str] = {}
+        self._free_bits: list[int] = []
+        self._next_bit = 0
+        self._confirmed: dict[int, int] = {}
+        self._predicted: dict[int, int] = {}
+        self._expiry_heap: list[tuple[float, int, str, Sequence[int]]] = []
+        self._heap_seq = 0
+
+    # -- workers -------------------------------------------------------------------------------
+
+    def add_worker(self, worker_id: str, *, model_name: str, max_blocks: int | None = None) -> None:
+        """Register a worker; max_blocks should be its KV block count (None: default_max_blocks)."""
+        if worker_id in self._workers:
+            raise ValueError(f"worker {worker_id!r} is already indexed")
+        if max_blocks is not None and max_blocks < 1:
+            raise ValueError("max_blocks must be >= 1")
+        bit = heapq.heappop(self._free_bits) if self._free_bits else self._take_bit()
+        cap = max_blocks if max_blocks is not None else self.default_max_blocks
+        self._workers[worker_id] = _Worker(1 << bit, model_seed(model_name), cap)
+        self._worker_of_bit[bit] = worker_id
+
+    def remove_worker(self, worker_id: str) -> None:
+        """Drop everything known about a worker, confirmed and predicted."""
+        worker = self._worker(worker_id)
+        self.clear_worker(worker_id)
+        _clear_bit(self._predicted, worker.predicted, worker.bit)
+        del self._workers[worker_id]
+        bit = worker.bit.bit_length() - 1
+        del self._worker_of_bit[bit]
+        heapq.heappush(self._free_bits, bit)
+
+    def clear_worker(self, worker_id: str) -> None:
+        """Forget a worker's confirmed blocks (AllBlocksCleared, restart, unrecoverable gap)."""
+        worker = self._worker(worker_id)
+        _clear_bit(self._confirmed, worker.blocks.values(), worker.bit)
+        worker.blocks = {}
+        worker.extra_refs = {}
+        self.counters.workers_cleared += 1
+
+    def worker_ids(self) -> list[str]:
+        return list(self._workers)
+
+    def block_size_of(self, worker_id: str) -> int | None:
+        """The block size seen in the worker's events (None until its first BlockStored)."""
+        return self._worker(worker_id).block_size
+
+    # -- confirmed layer -----------------------------------------------------------------------
+
+    def apply(self, worker_id: str, events: Iterable[KvEvent]) -> int:
+        """Apply a batch of decoded events in order; returns how many were applied."""
+        worker = self._worker(worker_id)
+        applied = 0
+        for event in events:
+            if isinstance(event, BlockStored):
+                self._apply_stored(worker, event)
+            elif isinstance(event, BlockRemoved):
+                self._apply_removed(worker, event)
+            elif isinstance(event, AllBlocksCleared):
+                self.clear_worker(worker_id)
+            else:
+                raise TypeError(f"not a KV event: {event!r}")
+            applied += 1
+        self.counters.events_applied += applied
+        return applied
+
+    def _skips(self, medium: str | None) -> bool:
+        media = self.indexed_media
+        return media is not None and medium is not None and medium not in media
+
+    def _apply_stored(self, worker: _Worker, event: BlockStored) -> None:
+        if event.lora_id is not None:
+            self.counters.events_skipped_lora += 1
+            return
+        if self._skips(event.medium):
+            self.counters.events_skipped_medium += 1
+            return
+        parent = event.parent_block_hash
+        if parent is None:
+            parent_key = worker.seed
+        else:
+            parent_key = worker.blocks.get(parent)
+            if parent_key is None:
+                self.counters.stored_unknown_parent += 1
+                return
+        worker.block_size = event.block_size
+        hashes = event.block_hashes
+        keys = chain_block_keys(event.token_ids[: len(hashes) * event.block_size], event.block_size, parent_key)
+        for engine_hash, key in zip(hashes, keys):
+            self._insert(worker, engine_hash, key)
+        self.counters.blocks_stored += len(keys)
+
+    def _insert(self, worker: _Worker, engine_hash: Hashable, key: int) -> None:
+        blocks = worker.blocks
+        old_key = blocks.pop(engine_hash, None)
+        if old_key is not None:
+            if old_key == key:
+                blocks[engine_hash] = key  # stored again: now the youngest entry
+                return
+            self._unref(worker, old_key)
+        blocks[engine_hash] = key
+        confirmed = self._confirmed
+        mask = confirmed.get(key, 0)
+        if mask & worker.bit:
+            worker.extra_refs[key] = worker.extra_refs.get(key, 0) + 1
+        else:
+            confirmed[key] = mask | worker.bit
+        if len(blocks) > worker.max_blocks:
+            self._unref(worker, blocks.pop(next(iter(blocks))))
+            self.counters.blocks_evicted += 1
+
+    def _apply_removed(self, worker: _Worker, event: BlockRemoved) -> None:
+        if self._skips(event.medium):
+            self.counters.events_skipped_medium += 1
+            return
+        blocks = worker.blocks
+        for engine_hash in event.block_hashes:
+            key = blocks.pop(engine_hash, None)
+            if key is not None:
+                self._unref(worker, key)
+                self.counters.blocks_removed += 1
+
+    def _unref(self, worker: _Worker, key: int) -> None:
+        extra = worker.extra_refs.get(key)
+        if extra:
+            if extra == 1:
+                del worker.extra_refs[key]
+            else:
+                worker.extra_refs[key] = extra - 1
+            return
+        mask = self._confirmed.get(key, 0) & ~worker.bit
+        if mask:
+            self._confirmed[key] = mask
+        else:
+            self._confirmed.pop(key, None)
+
+    # -- predicted layer -----------------------------------------------------------------------
+
+    def record_prediction(
+        self, worker_id: str, keys: Sequence[int], ttl_s: float | None = None, *, num_predicted: int = 0
+    ) -> None:
+        """Remember that worker_id was just sent a prompt with these keys (for ttl_s seconds).
+
+        num_predicted: how many leading keys match() just reported predicted for this worker;
+        their expiry is refreshed without touching the shared masks again.
+        """
+        worker = self._worker(worker_id)
+        if not keys:
+            return
+        now = self._clock()
+        expiry = now + (ttl_s if ttl_s is not None else self.predicted_ttl_s)
+        worker.predicted.update(dict.fromkeys(keys, expiry))
+        predicted, bit = self._predicted, worker.bit
+        get = predicted.get
+        for key in keys[num_predicted:] if num_predicted else keys:
+            mask = get(key, 0)
+            if not mask & bit:
+                predicted[key] = mask | bit
+        self._heap_seq += 1
+        heapq.heappush(self._expiry_heap, (expiry, self._heap_seq, worker_id, keys))
+        self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        heap = self._expiry_heap
+        while heap and heap[0][0] <= now:
+            _, _, worker_id, keys = heapq.heappop(heap)
+            worker = self._workers.get(worker_id)
+            if worker is None:
+                continue
+            expiries, predicted, bit = worker.predicted, self._predicted, worker.bit
+            for key in keys:
+                expiry = expiries.get(key)
+                if expiry is not None and expiry <= now:
+                    del expiries[key]
+                    mask = predicted.get(key, 0) & ~bit
+                    if mask:
+                        predicted[key] = mask
+                    else:
+                        predicted.pop(key, None)
+
+    # -- lookup --------------------------------------------------------------------------------
+
+    def match(self, keys: Sequence[int]) -> dict[str, tuple[int, int]]:
+        """{worker: (confirmed_prefix_blocks, predicted_prefix_blocks)} for workers holding keys[0].
+
+        A prefix length n means the worker holds keys 0..n-1; absent workers hold (0, 0).
+        """
+        self._expire(self._clock())
+        confirmed = _prefix_lengths(keys, self._confirmed)
+        predicted = _prefix_lengths(keys, self._predicted)
+        names = self._worker_of_bit
+        result = {names[bit]: (n, predicted.get(bit, 0)) for bit, n in confirmed.items()}
+        for bit, n in predicted.items():
+            if bit not in confirmed:
+                result[names[bit]] = (0, n)
+        return result
+
+    # -- report --------------------------------------------------------------------------------
+
+    def stats(self) -> IndexStats:
+        """Entries per worker and approximate bytes (dict tables + int objects)."""
+        blocks = {w: len(s.blocks) for w, s in self._workers.items()}
+        predicted = {w: len(s.predicted) for w, s in self._workers.items()}
+        table_bytes = sys.getsizeof(self._confirmed) + sys.getsizeof(self._predicted)
+        for state in self._workers.values():
+            table_bytes += sys.getsizeof(state.blocks) + sys.getsizeof(state.predicted)
+        int_bytes = _INT_BYTES * (
+            2 * sum(blocks.values()) + len(self._confirmed) + 2 * sum(predicted.values())
+        )
+        return IndexStats(len(self._confirmed), len(self._predicted), blocks, predicted, table_bytes + int_bytes)
+
+    def _worker(self, worker_id: str) -> _Worker:
+        try:
+            return self._workers[worker_id]
+        except KeyError:
+            raise KeyError(f"worker {worker_id!r} is not indexed") from None
+
+    def _take_bit(self) -> int:
+        self._next_bit += 1
+        return self._next_bit - 1
+
+
+def _prefix_lengths(keys: Sequence[int], masks: dict[int, int]) -> dict[int, int]:
+    """{worker bit index: number of leading keys whose mask has that bit}."""
+    lengths: dict[int, int] = {}
+    if not keys or not masks:
+        return lengths
+    key_masks = list(map(masks.get, keys, repeat(0)))
+    active = key_masks[0]
+    if not active:
+        return lengths
+    for i, mask in enumerate(key_masks):
+        if mask != active and mask & active != active:
+            still = active & mask
+            _record(active ^ still, i, lengths)
+            active = still
+            if not active:
+                return lengths
+    _record(active, len(keys), lengths)
+    return lengths
+
+
+def _record(bits: int, length: int, lengths: dict[int, int]) -> None:
+    while bits:
+        low = bits & -bits
+        lengths[low.bit_length() - 1] = length
+        bits ^= low
+
+
+def _clear_bit(masks: dict[int, int], keys: Iterable[int], bit: int) -> None:
+    for key in keys:
+        mask = masks.get(key, 0) & ~bit
+        if mask:
+            masks[key] = mask
+        else:
+            masks.pop(key, None)

@@ -1,0 +1,145 @@
+"""Per-worker load: counted at dispatch/first token/finish, plus scraped metrics and EWMA rates."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPriors:
+    """Starting rates before anything is measured, and the EWMA weight of each new sample."""
+
+    prefill_tokens_per_s: float = 8_000.0
+    decode_tokens_per_s: float = 40.0
+    ewma_alpha: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.prefill_tokens_per_s <= 0:
+            raise ValueError("load.prefill_tokens_per_s must be > 0")
+        if self.decode_tokens_per_s <= 0:
+            raise ValueError("load.decode_tokens_per_s must be > 0")
+        if not 0 < self.ewma_alpha <= 1:
+            raise ValueError("load.ewma_alpha must be in (0, 1]")
+
+
+@dataclass(slots=True)
+class WorkerLoad:
+    """One worker's live load record (mutated by LoadView; policies only read it).
+
+    decode_tokens_per_s is per running sequence.
+    """
+
+    in_flight_requests: int = 0
+    prefill_tokens_queued: int = 0
+    decode_seqs_running: int = 0
+    scraped_waiting_requests: int | None = None
+    scraped_running_requests: int | None = None
+    kv_usage_frac: float | None = None
+    prefill_tokens_per_s: float = 8_000.0
+    decode_tokens_per_s: float = 40.0
+
+    @property
+    def num_requests(self) -> int:
+        """max(our in-flight count, scraped waiting + running): other gateways' requests count too."""
+        scraped = (self.scraped_waiting_requests or 0) + (self.scraped_running_requests or 0)
+        return max(self.in_flight_requests, scraped)
+
+
+@dataclass(slots=True)
+class _InFlight:
+    worker_id: str
+    prefill_tokens: int
+    dispatched_at: float
+    first_token_at: float | None = None
+
+
+class LoadView:
+    """Load per worker, updated the moment a request is dispatched and as it progresses."""
+
+    def __init__(self, priors: LoadPriors = LoadPriors(), clock: Callable[[], float] = time.monotonic) -> None:
+        self.priors = priors
+        self._clock = clock
+        self._loads: dict[str, WorkerLoad] = {}
+        self._requests: dict[str, _InFlight] = {}
+
+    def add_worker(self, worker_id: str) -> WorkerLoad:
+        load = WorkerLoad(
+            prefill_tokens_per_s=self.priors.prefill_tokens_per_s,
+            decode_tokens_per_s=self.priors.decode_tokens_per_s,
+        )
+        return self._loads.setdefault(worker_id, load)
+
+    def remove_worker(self, worker_id: str) -> None:
+        self._loads.pop(worker_id, None)
+        for request_id in [r for r, f in self._requests.items() if f.worker_id == worker_id]:
+            del self._requests[request_id]
+
+    def get(self, worker_id: str) -> WorkerLoad:
+        return self._loads.get(worker_id) or self.add_worker(worker_id)
+
+    def on_dispatch(self, worker_id: str, request_id: str, prefill_tokens: int) -> None:
+        """A request was sent: prefill_tokens (uncached prompt tokens) join the worker's queue."""
+        if request_id in self._requests:
+            raise ValueError(f"request {request_id!r} is already in flight")
+        load = self.get(worker_id)
+        load.in_flight_requests += 1
+        load.prefill_tokens_queued += prefill_tokens
+        self._requests[request_id] = _InFlight(worker_id, prefill_tokens, self._clock())
+
+    def on_first_token(self, request_id: str) -> None:
+        """Prefill done: tokens leave the queue, a decode starts; the prefill rate is sampled."""
+        flight = self._requests.get(request_id)
+        if flight is None or flight.first_token_at is not None:
+            return
+        now = flight.first_token_at = self._clock()
+        load = self._loads.get(flight.worker_id)
+        if load is None:
+            return
+        load.prefill_tokens_queued -= flight.prefill_tokens
+        load.decode_seqs_running += 1
+        elapsed_s = now - flight.dispatched_at
+        if flight.prefill_tokens > 0 and elapsed_s > 0:
+            sample = flight.prefill_tokens / elapsed_s
+            load.prefill_tokens_per_s = self._ewma(load.prefill_tokens_per_s, sample)
+
+    def on_finish(self, request_id: str, output_tokens: int = 0) -> None:
+        """The request ended (any outcome): release its load; sample the per-sequence decode rate."""
+        flight = self._requests.pop(request_id, None)
+        load = self._loads.get(flight.worker_id) if flight else None
+        if flight is None or load is None:
+            return
+        load.in_flight_requests -= 1
+        if flight.first_token_at is None:
+            load.prefill_tokens_queued -= flight.prefill_tokens
+            return
+        load.decode_seqs_running -= 1
+        elapsed_s = self._clock() - flight.first_token_at
+        if output_tokens > 1 and elapsed_s > 0:
+            sample = (output_tokens - 1) / elapsed_s
+            load.decode_tokens_per_s = self._ewma(load.decode_tokens_per_s, sample)
+
+    def set_scraped(
+        self,
+        worker_id: str,
+        *,
+        waiting_requests: int | None = None,
+        running_requests: int | None = None,
+        kv_usage_frac: float | None = None,
+    ) -> None:
+        """Values read from the worker's /metrics (vllm:num_requests_waiting, ...); None = unknown."""
+        if kv_usage_frac is not None and not 0 <= kv_usage_frac <= 1:
+            raise ValueError("kv_usage_frac must be in [0, 1]")
+        load = self.get(worker_id)
+        load.scraped_waiting_requests = waiting_requests
+        load.scraped_running_requests = running_requests
+        load.kv_usage_frac = kv_usage_frac
+
+    def worker_of(self, request_id: str) -> str | None:
+        flight = self._requests.get(request_id)
+        return flight.worker_id if flight else None
+
+    def _ewma(self, current: float, sample: float) -> float:
+        alpha = self.priors.ewma_alpha
+        return (1 - alpha) * current + alpha * sample

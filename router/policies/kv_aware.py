@@ -1,0 +1,114 @@
+"""kv_aware (default): minimise predicted time to first token, with a hot-spot guard."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from router.policies.base import check_number, load_bound
+from router.types import Candidate, RouteDecision, RouteRequest, WorkerView
+
+
+@dataclass(frozen=True, slots=True)
+class KvAwareParams:
+    """Weights of the TTFT model and the hot-spot guard; see KvAware for the formula."""
+
+    slack: float = 0.5
+    max_requests_per_worker: int | None = None
+    predicted_weight: float = 1.0
+    kv_pressure_threshold: float = 0.8
+    kv_pressure_penalty_s: float = 1.0
+    queue_penalty_s: float = 0.05
+    decode_penalty_s: float = 0.002
+    tie_tolerance_s: float = 0.001
+    explain_top_k: int = 4
+
+    def __post_init__(self) -> None:
+        check_number("slack", self.slack, minimum=0)
+        check_number("max_requests_per_worker", self.max_requests_per_worker, minimum=1, integer=True, optional=True)
+        check_number("predicted_weight", self.predicted_weight, minimum=0, maximum=1)
+        check_number("kv_pressure_threshold", self.kv_pressure_threshold, minimum=0, maximum=0.999)
+        check_number("kv_pressure_penalty_s", self.kv_pressure_penalty_s, minimum=0)
+        check_number("queue_penalty_s", self.queue_penalty_s, minimum=0)
+        check_number("decode_penalty_s", self.decode_penalty_s, minimum=0)
+        check_number("tie_tolerance_s", self.tie_tolerance_s, minimum=0)
+        check_number("explain_top_k", self.explain_top_k, minimum=0, integer=True)
+
+
+class KvAware:
+    """score_s = (prefill_tokens_queued + uncached_tokens) / prefill_tokens_per_s
+               + kv_pressure_penalty_s * max(0, kv_usage - threshold) / (1 - threshold)
+               + queue_penalty_s * waiting_requests + decode_penalty_s * decode_seqs_running
+
+    cached = max(confirmed_blocks, predicted_weight * predicted_blocks) * block_size, capped at
+    the prompt; uncached_tokens = prompt - cached. Hot-spot guard: a worker with requests + 1 >
+    ceil((1 + slack) * (total + 1) / n), or >= max_requests_per_worker, ranks after every other
+    worker whatever it holds, so a hot prefix spreads. Among workers within tie_tolerance_s of the
+    best score, two are sampled and the less loaded wins (power of two).
+    """
+
+    name = "kv_aware"
+
+    def __init__(self, params: KvAwareParams = KvAwareParams(), *, rng: random.Random | None = None) -> None:
+        self.params = params
+        self._rng = rng or random.Random()
+
+    def choose(self, req: RouteRequest, workers: Sequence[WorkerView]) -> RouteDecision:
+        scores, cached = self._scores(req, workers)
+        hot = self._hot(workers)
+        order = sorted(range(len(workers)), key=lambda i: (hot[i], scores[i]))
+        order = self._break_tie(order, workers, scores, hot)
+        ranked_ids = tuple(workers[i].worker_id for i in order)
+        top = order[: self.params.explain_top_k]
+        explanation = tuple(
+            Candidate(
+                workers[i].worker_id,
+                cached[i],
+                workers[i].load.num_requests,
+                scores[i] * 1000.0,
+                "hot: over load bound" if hot[i] else None,
+            )
+            for i in top
+        )
+        return RouteDecision(self.name, ranked_ids, explanation)
+
+    def _scores(self, req: RouteRequest, workers: Sequence[WorkerView]) -> tuple[list[float], list[int]]:
+        p = self.params
+        prompt_tokens = req.num_prompt_tokens or 0
+        threshold, kv_scale = p.kv_pressure_threshold, p.kv_pressure_penalty_s / (1 - p.kv_pressure_threshold)
+        scores: list[float] = []
+        cached_blocks: list[int] = []
+        for worker in workers:
+            load = worker.load
+            blocks = max(worker.confirmed_blocks, int(p.predicted_weight * worker.predicted_blocks))
+            uncached = prompt_tokens - min(blocks * worker.block_size, prompt_tokens)
+            score = (load.prefill_tokens_queued + uncached) / load.prefill_tokens_per_s
+            usage = load.kv_usage_frac
+            if usage is not None and usage > threshold:
+                score += kv_scale * (usage - threshold)
+            score += p.queue_penalty_s * (load.scraped_waiting_requests or 0)
+            score += p.decode_penalty_s * load.decode_seqs_running
+            scores.append(score)
+            cached_blocks.append(blocks)
+        return scores, cached_blocks
+
+    def _hot(self, workers: Sequence[WorkerView]) -> list[bool]:
+        loads = [w.load.num_requests for w in workers]
+        bound = load_bound(sum(loads), len(workers), self.params.slack)
+        cap = self.params.max_requests_per_worker
+        if cap is not None:
+            bound = min(bound, cap)
+        return [load + 1 > bound for load in loads]
+
+    def _break_tie(
+        self, order: list[int], workers: Sequence[WorkerView], scores: list[float], hot: list[bool]
+    ) -> list[int]:
+        best = order[0]
+        limit = scores[best] + self.params.tie_tolerance_s
+        tied = [i for i in order if hot[i] == hot[best] and scores[i] <= limit]
+        if len(tied) < 2:
+            return order
+        a, b = self._rng.sample(tied, 2)
+        winner = b if workers[b].load.num_requests < workers[a].load.num_requests else a
+        return [winner, *(i for i in order if i != winner)]

@@ -1,0 +1,212 @@
+"""The facade the gateway calls: pools, index, load view and tokenizers -> ranked decisions."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from router.block_keys import chain_block_keys, model_seed, pack_tokens_u32le
+from router.kv_index import KvIndex
+from router.load_view import LoadView
+from router.policies import build_policy
+from router.policy_config import PolicyStore, RoutingPolicies, RoutingRule
+from router.tokenization import RoutingTokenizer
+from router.types import Policy, RouteDecision, RouteRequest, WorkerView
+
+
+class NoRouteError(LookupError):
+    """No rule matches the request, or neither its pool nor its fallback has a healthy worker."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """A worker as configured: the model it serves, its KV block size and block count."""
+
+    worker_id: str
+    model: str
+    block_size: int
+    num_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"workers.{self.worker_id}.block_size must be >= 1")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"workers.{self.worker_id}.num_blocks must be >= 1")
+
+
+@dataclass(slots=True)
+class ClosedLoopStats:
+    """Predicted vs reported cached tokens; prediction_hit_ratio = sum(min(p, r)) / sum(p)."""
+
+    outcomes: int = 0
+    predicted_cached_tokens: int = 0
+    reported_cached_tokens: int = 0
+    confirmed_cached_tokens: int = 0
+
+    @property
+    def prediction_hit_ratio(self) -> float | None:
+        if not self.predicted_cached_tokens:
+            return None
+        return self.confirmed_cached_tokens / self.predicted_cached_tokens
+
+
+class Router:
+    """route() ranks a pool's healthy workers and remembers the choice as predicted cache."""
+
+    def __init__(
+        self,
+        pools: Mapping[str, Sequence[WorkerSpec]],
+        policies: PolicyStore | RoutingPolicies,
+        *,
+        tokenizers: Mapping[str, RoutingTokenizer] | None = None,
+        index: KvIndex | None = None,
+        load: LoadView | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.index = index or KvIndex(clock=clock)
+        self.load = load or LoadView(clock=clock)
+        self.closed_loop = ClosedLoopStats()
+        self._policies = policies
+        self._tokenizers = dict(tokenizers or {})
+        self._approximate = RoutingTokenizer.approximate()
+        self._rng = rng or random.Random()
+        self._pools: dict[str, list[WorkerSpec]] = {}
+        self._specs: dict[str, WorkerSpec] = {}
+        self._unhealthy: set[str] = set()
+        self._instances: dict[str, Policy] = {}
+        self._instances_for: RoutingPolicies | None = None
+        for pool, specs in pools.items():
+            self._pools.setdefault(pool, [])
+            for spec in specs:
+                self.add_worker(pool, spec)
+
+    # -- fleet -----------------------------------------------------------------------------------
+
+    def add_worker(self, pool: str, spec: WorkerSpec) -> None:
+        if spec.worker_id in self._specs:
+            raise ValueError(f"worker {spec.worker_id!r} is already in a pool")
+        self._pools.setdefault(pool, []).append(spec)
+        self._specs[spec.worker_id] = spec
+        self.index.add_worker(spec.worker_id, model_name=spec.model, max_blocks=spec.num_blocks)
+        self.load.add_worker(spec.worker_id)
+
+    def remove_worker(self, worker_id: str) -> None:
+        """Forget a worker everywhere at once (index entries, load, health)."""
+        self._specs.pop(worker_id)
+        for specs in self._pools.values():
+            specs[:] = [s for s in specs if s.worker_id != worker_id]
+        self.index.remove_worker(worker_id)
+        self.load.remove_worker(worker_id)
+        self._unhealthy.discard(worker_id)
+
+    def set_healthy(self, worker_id: str, healthy: bool) -> None:
+        (self._unhealthy.discard if healthy else self._unhealthy.add)(worker_id)
+
+    # -- routing ---------------------------------------------------------------------------------
+
+    def route(self, req: RouteRequest) -> RouteDecision:
+        """Tokenize, key, match, score: the ranked candidates, with the first recorded as predicted."""
+        policies = self._current_policies()
+        rule = policies.select(req)
+        if rule is None:
+            raise NoRouteError(f"no routing rule matches model={req.model!r} path={req.path!r}")
+        pool, specs = self._candidates(rule, req.model)
+        tokenizer = self._tokenizers.get(req.model, self._approximate)
+        token_ids = self._tokenize(tokenizer, req)
+        keys_by_size = self._keys_by_block_size(token_ids, req.model, {s.block_size for s in specs})
+        views = self._views(specs, keys_by_size)
+        first_keys = keys_by_size[specs[0].block_size]
+        routed = replace(req, num_prompt_tokens=len(token_ids), block_keys=first_keys)
+        policy = self._policy(rule)
+        decision = policy.choose(routed, views)
+        chosen = next(v for v in views if v.worker_id == decision.worker_id)
+        self.index.record_prediction(
+            chosen.worker_id,
+            keys_by_size[chosen.block_size],
+            getattr(policy, "prediction_ttl_s", None),
+            num_predicted=chosen.predicted_blocks,
+        )
+        return replace(
+            decision,
+            rule=rule.name,
+            pool=pool,
+            num_prompt_tokens=len(token_ids),
+            predicted_cached_tokens=_cacheable_tokens(chosen.cached_blocks, chosen.block_size, len(token_ids)),
+            tokenizer_mode=tokenizer.mode,
+        )
+
+    def _current_policies(self) -> RoutingPolicies:
+        source = self._policies
+        return source.policies if isinstance(source, PolicyStore) else source
+
+    def _policy(self, rule: RoutingRule) -> Policy:
+        policies = self._current_policies()
+        if self._instances_for is not policies:
+            self._instances, self._instances_for = {}, policies
+        policy = self._instances.get(rule.name)
+        if policy is None:
+            policy = self._instances[rule.name] = build_policy(rule.policy_type, rule.policy_params, self._rng)
+        return policy
+
+    def _candidates(self, rule: RoutingRule, model: str) -> tuple[str, list[WorkerSpec]]:
+        for pool in (rule.pool, rule.fallback_pool):
+            if pool is None:
+                continue
+            specs = [
+                s for s in self._pools.get(pool, ()) if s.model == model and s.worker_id not in self._unhealthy
+            ]
+            if specs:
+                return pool, specs
+        raise NoRouteError(f"rule {rule.name!r}: no healthy worker for model {model!r} in pool {rule.pool!r}"
+                           + (f" or fallback {rule.fallback_pool!r}" if rule.fallback_pool else ""))
+
+    @staticmethod
+    def _tokenize(tokenizer: RoutingTokenizer, req: RouteRequest) -> list[int]:
+        if req.messages is not None:
+            return tokenizer.encode_chat(req.messages, tools=req.tools)
+        return tokenizer.encode_prompt(req.prompt)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _keys_by_block_size(token_ids: list[int], model: str, sizes: set[int]) -> dict[int, list[int]]:
+        packed = pack_tokens_u32le(token_ids)
+        seed = model_seed(model)
+        return {size: chain_block_keys(packed, size, seed) for size in sizes}
+
+    def _views(self, specs: list[WorkerSpec], keys_by_size: dict[int, list[int]]) -> list[WorkerView]:
+        matches = {size: self.index.match(keys) for size, keys in keys_by_size.items()}
+        get_load = self.load.get
+        views = []
+        for spec in specs:
+            confirmed, predicted = matches[spec.block_size].get(spec.worker_id, (0, 0))
+            views.append(WorkerView(spec.worker_id, get_load(spec.worker_id), spec.block_size, confirmed, predicted))
+        return views
+
+    # -- load and outcome ------------------------------------------------------------------------
+
+    def on_dispatch(self, worker_id: str, request_id: str, prefill_tokens: int) -> None:
+        """The gateway sent request_id to worker_id with prefill_tokens still to compute."""
+        self.load.on_dispatch(worker_id, request_id, prefill_tokens)
+
+    def on_first_token(self, request_id: str) -> None:
+        self.load.on_first_token(request_id)
+
+    def on_finish(self, request_id: str, output_tokens: int = 0) -> None:
+        self.load.on_finish(request_id, output_tokens)
+
+    def record_outcome(self, predicted_cached_tokens: int, reported_cached_tokens: int) -> None:
+        """Closed loop: what the router expected cached vs usage.prompt_tokens_details.cached_tokens."""
+        stats = self.closed_loop
+        stats.outcomes += 1
+        stats.predicted_cached_tokens += predicted_cached_tokens
+        stats.reported_cached_tokens += reported_cached_tokens
+        stats.confirmed_cached_tokens += min(predicted_cached_tokens, reported_cached_tokens)
+
+
+def _cacheable_tokens(cached_blocks: int, block_size: int, num_prompt_tokens: int) -> int:
+    """Cached tokens a worker can report: full blocks, never the last prompt token (it is recomputed)."""
+    if num_prompt_tokens < 1:
+        return 0
+    return min(cached_blocks * block_size, (num_prompt_tokens - 1) // block_size * block_size)

@@ -1,0 +1,280 @@
+"""Routing tokenizer: the served model's tokenizer.json + chat template, or an approximate mode."""
+
+from __future__ import annotations
+
+import json
+from array import array
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import xxhash
+from jinja2 import nodes
+from jinja2.ext import Extension
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from router.block_keys import _U32_TYPECODE
+
+_h128 = xxhash.xxh3_128_intdigest
+_SENTINEL = "a"  # any plain text: a first segment to drop again
+
+
+class ChatTemplateError(ValueError):
+    """The template called raise_exception or failed to render."""
+
+
+@dataclass(frozen=True, slots=True)
+class _CachedRender:
+    """A rendered conversation: where to cut it (just before its last special token) and its tokens."""
+
+    text_len: int
+    text_hash: int
+    cut_char: int
+    cut_token: int
+    token_ids: array
+
+
+class _GenerationTag(Extension):
+    """{% generation %}...{% endgeneration %} (transformers' assistant mask): rendered as its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> list[nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def compile_chat_template(source: str) -> jinja2.Template:
+    """A sandboxed template with the globals transformers' apply_chat_template provides."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, "jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+class RoutingTokenizer:
+    """Token ids for routing. mode is "exact" (the model's tokenizer) or "approximate".
+
+    Chat: encode(render(messages, add_generation_prompt=True), add_special_tokens=False), as a
+    vLLM-style worker does; completions: encode(prompt, add_special_tokens=True); token-id
+    prompts pass through. Earlier turns of a conversation are reused from an LRU when the new
+    render extends a cached one, cut just before a special token (a safe boundary).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer | None,
+        chat_template: str | None,
+        *,
+        special_tokens: Mapping[str, str] | None = None,
+        prefix_cache_entries: int = 256,
+        approx_chunk_bytes: int = 4,
+    ) -> None:
+        if prefix_cache_entries < 0:
+            raise ValueError("prefix_cache_entries must be >= 0")
+        if approx_chunk_bytes != 4:
+            raise ValueError("approx_chunk_bytes must be 4 (one u32 per chunk)")
+        self.mode = "exact" if tokenizer is not None else "approximate"
+        self.prefix_cache_hits = 0
+        self.prefix_cache_misses = 0
+        self._tokenizer = tokenizer
+        self._template = compile_chat_template(chat_template) if chat_template else None
+        self._special_tokens = dict(special_tokens or {})
+        self._special_ids = frozenset(
+            i for i, t in (tokenizer.get_added_tokens_decoder().items() if tokenizer else ()) if t.special
+        )
+        self._cache: OrderedDict[int, _CachedRender] = OrderedDict()
+        self._cache_entries = prefix_cache_entries
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, *, prefix_cache_entries: int = 256) -> RoutingTokenizer:
+        """Load tokenizer.json and the chat template (chat_template.jinja, else tokenizer_config.json)."""
+        folder = Path(model_dir)
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        config_path = folder / "tokenizer_config.json"
+        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
+        template_path = folder / "chat_template.jinja"
+        template = template_path.read_text(encoding="utf-8") if template_path.exists() else _config_template(config)
+        specials = {name: _token_text(config.get(name)) for name in ("bos_token", "eos_token", "unk_token", "pad_token")}
+        return cls(
+            tokenizer,
+            template,
+            special_tokens={k: v for k, v in specials.items() if v is not None},
+            prefix_cache_entries=prefix_cache_entries,
+        )
+
+    @classmethod
+    def approximate(cls) -> RoutingTokenizer:
+        """No tokenizer configured: 4-byte chunks of the UTF-8 text are the "tokens"."""
+        return cls(None, None)
+
+    # -- public ------------------------------------------------------------------------------
+
+    def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
+        """A completions prompt: text with special tokens added, or token ids as given."""
+        if not isinstance(prompt, str):
+            return list(prompt)
+        if self._tokenizer is None:
+            return _approximate_ids(prompt)
+        return self._tokenizer.encode(prompt, add_special_tokens=True).ids
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> str:
+        if self._template is None:
+            text = "".join(f"{m.get('role')}: {_content_text(m.get('content'))}\n" for m in messages)
+            return text + ("assistant: " if add_generation_prompt else "")
+        try:
+            return self._template.render(
+                messages=messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                **self._special_tokens,
+                **template_kwargs,
+            )
+        except ChatTemplateError:
+            raise
+        except jinja2.TemplateError as exc:
+            raise ChatTemplateError(f"chat template failed: {exc}") from exc
+
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> list[int]:
+        """Token ids of the rendered conversation with the generation prompt, as the worker sees it."""
+        text = self.render_chat(messages, tools=tools, **template_kwargs)
+        if self._tokenizer is None:
+            return _approximate_ids(text)
+        hashes = _message_hashes(messages, tools, template_kwargs)
+        token_ids = self._from_cache(text, hashes) if self._cache_entries else None
+        if token_ids is None:
+            self.prefix_cache_misses += 1
+            encoding = self._tokenizer.encode(text, add_special_tokens=False)
+            token_ids = encoding.ids
+            self._store(hashes[-1], text, token_ids, encoding.offsets, 0, 0, None)
+        return token_ids
+
+    # -- prefix cache ----------------------------------------------------------------------------
+
+    def _from_cache(self, text: str, hashes: list[int]) -> list[int] | None:
+        for key in reversed(hashes[:-1]):
+            entry = self._cache.get(key)
+            if entry is None:
+                continue
+            if len(text) < entry.text_len or _h128(text[: entry.text_len].encode()) != entry.text_hash:
+                continue
+            self._cache.move_to_end(key)
+            self.prefix_cache_hits += 1
+            suffix_ids, suffix_offsets = self._encode_suffix(text[entry.cut_char :])
+            token_ids = entry.token_ids[: entry.cut_token].tolist() + suffix_ids
+            base_char = entry.cut_char - len(_SENTINEL)
+            self._store(hashes[-1], text, suffix_ids, suffix_offsets, base_char, entry.cut_token, entry, token_ids)
+            return token_ids
+        return None
+
+    def _encode_suffix(self, suffix: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Tokens of suffix (which starts with a special token) as they are inside the full text.
+
+        A sentinel segment goes first so the text after the special token is not the input's first
+        segment (pre-tokenizers such as Metaspace prepend_scheme="first" treat that one apart);
+        the sentinel's tokens are dropped again.
+        """
+        encoding = self._tokenizer.encode(_SENTINEL + suffix, add_special_tokens=False)
+        ids, offsets = encoding.ids, encoding.offsets
+        start = next(i for i, token_id in enumerate(ids) if token_id in self._special_ids)
+        return ids[start:], offsets[start:]  # offsets still count the sentinel
+
+    def _store(
+        self,
+        key: int,
+        text: str,
+        new_ids: list[int],
+        new_offsets: list[tuple[int, int]],
+        base_char: int,
+        base_token: int,
+        previous: _CachedRender | None,
+        all_ids: list[int] | None = None,
+    ) -> None:
+        """Cache text's tokens with its last cut: just before the last special token."""
+        cut = next((j for j in range(len(new_ids) - 1, -1, -1) if new_ids[j] in self._special_ids), None)
+        if cut is not None:
+            cut_char, cut_token = base_char + new_offsets[cut][0], base_token + cut
+        elif previous is not None:
+            cut_char, cut_token = previous.cut_char, previous.cut_token
+        else:
+            return
+        ids = array(_U32_TYPECODE, all_ids if all_ids is not None else new_ids)
+        self._cache[key] = _CachedRender(len(text), _h128(text.encode()), cut_char, cut_token, ids)
+        self._cache.move_to_end(key)
+        while len(self._cache) > self._cache_entries:
+            self._cache.popitem(last=False)
+
+
+def _message_hashes(messages: Sequence[Mapping[str, Any]], tools: Any, template_kwargs: Mapping[str, Any]) -> list[int]:
+    """h_0 = hash(tools, kwargs); h_k = xxh3_128(h_{k-1} || json(messages[k-1])): one per prefix."""
+    digest = _h128(_canonical({"tools": tools, "kwargs": template_kwargs}))
+    hashes = [digest]
+    for message in messages:
+        digest = _h128(digest.to_bytes(16, "little") + _canonical(message))
+        hashes.append(digest)
+    return hashes
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str).encode()
+
+
+def _approximate_ids(text: str) -> list[int]:
+    data = text.encode("utf-8")
+    data += b"\0" * (-len(data) % 4)
+    ids = array(_U32_TYPECODE)
+    ids.frombytes(data)
+    return ids.tolist()
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+    return "" if content is None else str(content)
+
+
+def _config_template(config: Mapping[str, Any]) -> str | None:
+    template = config.get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+        return named.get("default")
+    return template if isinstance(template, str) else None
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, Mapping):
+        return value.get("content")
+    return value if isinstance(value, str) else None

@@ -1,0 +1,109 @@
+"""Shared routing types: the request as routed, a worker as a policy sees it, and the decision."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+from router.load_view import WorkerLoad
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What the gateway knows about a request; the router fills num_prompt_tokens and block_keys.
+
+    Exactly one of messages (chat) and prompt (completions: text or token ids) is set.
+    headers have lower-case names.
+    """
+
+    model: str
+    messages: Sequence[Mapping[str, Any]] | None = None
+    prompt: str | Sequence[int] | None = None
+    tools: Sequence[Mapping[str, Any]] | None = None
+    request_id: str | None = None
+    tenant: str | None = None
+    priority: int | None = None
+    session_id: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    path: str = "/v1/chat/completions"
+    num_prompt_tokens: int | None = None
+    block_keys: Sequence[int] = ()
+
+    def __post_init__(self) -> None:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError("route request needs exactly one of messages and prompt")
+
+
+class WorkerView(NamedTuple):
+    """A candidate worker for one request: its live load and how much of the prompt it holds."""
+
+    worker_id: str
+    load: WorkerLoad
+    block_size: int
+    confirmed_blocks: int = 0
+    predicted_blocks: int = 0
+
+    @property
+    def cached_blocks(self) -> int:
+        """Best estimate of the cached prefix: max(confirmed, predicted)."""
+        return max(self.confirmed_blocks, self.predicted_blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One explained candidate: why it ranked where it did."""
+
+    worker_id: str
+    cached_blocks: int = 0
+    num_requests: int = 0
+    predicted_ttft_ms: float | None = None
+    note: str | None = None
+
+    def describe(self) -> str:
+        parts = [f"{self.worker_id}(cached_blocks={self.cached_blocks}", f"requests={self.num_requests}"]
+        if self.predicted_ttft_ms is not None:
+            parts.append(f"ttft_ms={self.predicted_ttft_ms:.1f}")
+        if self.note:
+            parts.append(self.note)
+        return " ".join(parts) + ")"
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """Ranked worker ids (the gateway tries them in order) and an explanation of the top ones."""
+
+    policy: str
+    worker_ids: tuple[str, ...]
+    explanation: tuple[Candidate, ...] = ()
+    rule: str | None = None
+    pool: str | None = None
+    num_prompt_tokens: int | None = None
+    predicted_cached_tokens: int | None = None
+    tokenizer_mode: str | None = None
+
+    @property
+    def worker_id(self) -> str:
+        return self.worker_ids[0]
+
+    def explain(self) -> str:
+        """One line for a debug header or log: policy, rule, pool and the top candidates."""
+        head = [f"policy={self.policy}"]
+        if self.rule is not None:
+            head.append(f"rule={self.rule}")
+        if self.pool is not None:
+            head.append(f"pool={self.pool}")
+        if self.num_prompt_tokens is not None:
+            head.append(f"prompt_tokens={self.num_prompt_tokens}")
+        if self.predicted_cached_tokens is not None:
+            head.append(f"predicted_cached_tokens={self.predicted_cached_tokens}")
+        candidates = ", ".join(c.describe() for c in self.explanation) or ", ".join(self.worker_ids[:4])
+        return " ".join(head) + " candidates=[" + candidates + "]"
+
+
+class Policy(Protocol):
+    """A routing policy: rank the workers for one request. workers is never empty."""
+
+    name: str
+
+    def choose(self, req: RouteRequest, workers: Sequence[WorkerView]) -> RouteDecision: ...

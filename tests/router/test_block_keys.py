@@ -1,0 +1,59 @@
+"""Block keys follow docs/architecture.md exactly."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import xxhash
+from hypothesis import given
+from hypothesis import strategies as st
+
+from router.block_keys import block_keys, chain_block_keys, model_seed, pack_tokens_u32le
+
+
+def reference_keys(tokens: list[int], block_size: int, model: str) -> list[int]:
+    key = xxhash.xxh3_64_intdigest(model.encode())
+    keys = []
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        block = tokens[start : start + block_size]
+        key = xxhash.xxh3_64_intdigest(struct.pack("<Q", key) + struct.pack(f"<{block_size}I", *block))
+        keys.append(key)
+    return keys
+
+
+@given(
+    tokens=st.lists(st.integers(min_value=0, max_value=2**32 - 1), max_size=200),
+    block_size=st.integers(min_value=1, max_value=33),
+)
+def test_keys_equal_the_documented_formula(tokens: list[int], block_size: int) -> None:
+    assert block_keys(tokens, block_size, "llama-3-8b") == reference_keys(tokens, block_size, "llama-3-8b")
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "num_keys"), [(0, 0), (15, 0), (16, 1), (31, 1), (48, 3)], ids=["empty", "partial", "one", "one-and-partial", "three"]
+)
+def test_only_full_blocks_have_keys(num_tokens: int, num_keys: int) -> None:
+    assert len(block_keys(list(range(num_tokens)), 16, "m")) == num_keys
+
+
+def test_chain_continues_from_a_parent_key() -> None:
+    tokens = list(range(64))
+    whole = block_keys(tokens, 16, "m")
+    tail = chain_block_keys(tokens[32:], 16, whole[1])
+    assert tail == whole[2:]
+
+
+def test_packed_bytes_and_lists_give_the_same_keys() -> None:
+    tokens = [7, 2**32 - 1, 0, 123456] * 8
+    assert block_keys(pack_tokens_u32le(tokens), 4, "m") == block_keys(tokens, 4, "m")
+
+
+def test_different_models_give_different_keys() -> None:
+    assert model_seed("a") != model_seed("b")
+    assert block_keys([1] * 16, 16, "a") != block_keys([1] * 16, 16, "b")
+
+
+def test_token_ids_outside_u32_are_rejected() -> None:
+    with pytest.raises(OverflowError):
+        pack_tokens_u32le([2**32])

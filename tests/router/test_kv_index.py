@@ -1,0 +1,139 @@
+"""KvIndex: confirmed entries from every event kind, predicted entries with expiry, bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.block_keys import block_keys
+from router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from router.kv_index import KvIndex
+
+MODEL = "m"
+B = 4
+TOKENS = list(range(100, 124))  # six blocks
+KEYS = block_keys(TOKENS, B, MODEL)
+
+
+def stored(hashes: list[int], tokens: list[int], parent: int | None = None, **kw: object) -> BlockStored:
+    return BlockStored(hashes, parent, tokens, B, kw.get("lora_id"), kw.get("medium", "GPU"))
+
+
+@pytest.fixture
+def index(clock) -> KvIndex:
+    idx = KvIndex(clock=clock, predicted_ttl_s=2.0)
+    for worker in ("w0", "w1"):
+        idx.add_worker(worker, model_name=MODEL)
+    return idx
+
+
+def test_stored_blocks_from_the_seed_give_the_prefix(index: KvIndex) -> None:
+    index.apply("w0", [stored([1, 2, 3], TOKENS[:12])])
+    assert index.match(KEYS) == {"w0": (3, 0)}
+
+
+def test_stored_with_a_parent_continues_the_chain(index: KvIndex) -> None:
+    index.apply("w0", [stored([1, 2], TOKENS[:8]), stored([3, 4], TOKENS[8:16], parent=2)])
+    assert index.match(KEYS) == {"w0": (4, 0)}
+
+
+def test_stored_with_an_unknown_parent_is_skipped_and_counted(index: KvIndex) -> None:
+    index.apply("w0", [stored([3], TOKENS[8:12], parent=99)])
+    assert index.match(KEYS) == {}
+    assert index.counters.stored_unknown_parent == 1
+
+
+def test_removed_block_cuts_the_prefix_there(index: KvIndex) -> None:
+    index.apply("w0", [stored([1, 2, 3, 4], TOKENS[:16]), BlockRemoved([3])])
+    assert index.match(KEYS) == {"w0": (2, 0)}
+
+
+def test_all_blocks_cleared_forgets_only_that_worker(index: KvIndex) -> None:
+    index.apply("w0", [stored([1, 2], TOKENS[:8])])
+    index.apply("w1", [stored([7, 8, 9], TOKENS[:12])])
+    index.apply("w0", [AllBlocksCleared()])
+    assert index.match(KEYS) == {"w1": (3, 0)}
+
+
+def test_removing_a_worker_drops_all_its_entries(index: KvIndex) -> None:
+    index.apply("w0", [stored([1, 2], TOKENS[:8])])
+    index.record_prediction("w0", KEYS)
+    index.remove_worker("w0")
+    assert index.match(KEYS) == {}
+    assert index.stats().num_keys_confirmed == 0
+    assert index.stats().num_keys_predicted == 0
+    index.add_worker("w2", model_name=MODEL)  # takes the freed slot, starts empty
+    assert index.match(KEYS) == {}
+
+
+def test_cap_evicts_the_oldest_blocks_first(clock) -> None:
+    index = KvIndex(clock=clock)
+    index.add_worker("w0", model_name=MODEL, max_blocks=3)
+    index.apply("w0", [stored([1, 2, 3, 4, 5], TOKENS[:20])])
+    assert index.stats().blocks_per_worker == {"w0": 3}
+    assert index.counters.blocks_evicted == 2
+    assert index.match(KEYS) == {}  # keys 0 and 1 were the oldest
+    assert index.match(KEYS[2:]) == {"w0": (3, 0)}  # the three youngest are still held
+    assert index.stats().num_keys_confirmed == 3
+
+
+def test_two_engine_hashes_for_one_key_keep_it_until_both_are_removed(index: KvIndex) -> None:
+    index.apply("w0", [stored([1], TOKENS[:4]), stored([101], TOKENS[:4])])
+    index.apply("w0", [BlockRemoved([1])])
+    assert index.match(KEYS) == {"w0": (1, 0)}
+    index.apply("w0", [BlockRemoved([101])])
+    assert index.match(KEYS) == {}
+
+
+def test_prefix_lengths_are_per_worker(index: KvIndex) -> None:
+    index.apply("w0", [stored([1, 2, 3, 4, 5, 6], TOKENS)])
+    index.apply("w1", [stored([7, 8], TOKENS[:8])])
+    assert index.match(KEYS) == {"w0": (6, 0), "w1": (2, 0)}
+
+
+@pytest.mark.parametrize(
+    ("event", "counter"),
+    [
+        (stored([1], TOKENS[:4], lora_id=3), "events_skipped_lora"),
+        (stored([1], TOKENS[:4], medium="CPU"), "events_skipped_medium"),
+    ],
+    ids=["lora", "cpu-medium"],
+)
+def test_blocks_the_router_cannot_key_are_skipped(index: KvIndex, event: BlockStored, counter: str) -> None:
+    index.apply("w0", [event])
+    assert index.match(KEYS) == {}
+    assert getattr(index.counters, counter) == 1
+
+
+def test_predicted_entries_expire_after_the_ttl(index: KvIndex, clock) -> None:
+    index.record_prediction("w1", KEYS[:3])
+    clock.advance(1.9)
+    assert index.match(KEYS) == {"w1": (0, 3)}
+    clock.advance(0.2)
+    assert index.match(KEYS) == {}
+    assert index.stats().num_keys_predicted == 0
+
+
+def test_a_new_prediction_extends_the_expiry(index: KvIndex, clock) -> None:
+    index.record_prediction("w1", KEYS[:3])
+    clock.advance(1.5)
+    index.record_prediction("w1", KEYS[:3])
+    clock.advance(1.0)
+    assert index.match(KEYS) == {"w1": (0, 3)}
+
+
+def test_confirmed_and_predicted_are_reported_separately(index: KvIndex) -> None:
+    index.apply("w0", [stored([1, 2], TOKENS[:8])])
+    index.record_prediction("w0", KEYS[:5])
+    assert index.match(KEYS) == {"w0": (2, 5)}
+
+
+def test_stats_report_entries_and_bytes(index: KvIndex) -> None:
+    index.apply("w0", [stored([1, 2, 3], TOKENS[:12])])
+    stats = index.stats()
+    assert stats.blocks_per_worker == {"w0": 3, "w1": 0}
+    assert stats.approx_bytes > 0
+
+
+def test_events_for_an_unknown_worker_raise(index: KvIndex) -> None:
+    with pytest.raises(KeyError, match="worker 'nope' is not indexed"):
+        index.apply("nope", [AllBlocksCleared()])

@@ -1,0 +1,97 @@
+"""kv_aware: predicted TTFT with KV pressure and queue penalties, hot-spot guard, tie sampling."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from _views import request, view
+
+from router.policies.kv_aware import KvAware, KvAwareParams
+
+PROMPT = 1024  # 64 blocks of 16
+
+
+@pytest.mark.parametrize(
+    ("params", "table", "expected_first"),
+    [
+        ({}, [view("a", confirmed=10), view("b", confirmed=60), view("c")], "b"),
+        ({}, [view("a", confirmed=64, queued=50_000), view("b")], "b"),
+        ({}, [view("a", confirmed=20, kv=0.99), view("b", confirmed=20, kv=0.5)], "b"),
+        ({}, [view("a", confirmed=20, waiting=10), view("b", confirmed=20)], "b"),
+        ({}, [view("a", confirmed=20, decodes=40), view("b", confirmed=20)], "b"),
+        ({}, [view("a", predicted=64), view("b", confirmed=10)], "a"),
+        ({"predicted_weight": 0.0}, [view("a", predicted=64), view("b", confirmed=10)], "b"),
+        ({}, [view("a", confirmed=32, prefill_tokens_per_s=100.0), view("b", prefill_tokens_per_s=100_000.0)], "b"),
+    ],
+    ids=[
+        "longest-prefix",
+        "queued-prefill-outweighs-cache",
+        "kv-pressure",
+        "waiting-queue",
+        "running-decodes",
+        "predicted-counts",
+        "predicted-weight-zero",
+        "measured-prefill-rate",
+    ],
+)
+def test_kv_aware_minimises_predicted_ttft(params: dict, table: list, expected_first: str) -> None:
+    decision = KvAware(KvAwareParams(**params), rng=random.Random(0)).choose(request(PROMPT), table)
+    assert decision.worker_id == expected_first
+
+
+def test_hot_prefix_holder_is_skipped_so_the_prefix_spreads() -> None:
+    table = [view("a", confirmed=64, requests=10), view("b", requests=1), view("c", requests=2)]
+    decision = KvAware(rng=random.Random(0)).choose(request(PROMPT), table)
+    assert decision.worker_ids == ("b", "c", "a")
+    hot = [c for c in decision.explanation if c.worker_id == "a"][0]
+    assert hot.note == "hot: over load bound"
+
+
+def test_configured_max_requests_marks_a_worker_hot() -> None:
+    table = [view("a", confirmed=64, requests=4), view("b", requests=4)]
+    decision = KvAware(KvAwareParams(max_requests_per_worker=4), rng=random.Random(0)).choose(request(PROMPT), table)
+    assert decision.worker_ids == ("a", "b")  # both hot: plain score order
+    table = [view("a", confirmed=64, requests=4), view("b", requests=3)]
+    decision = KvAware(KvAwareParams(max_requests_per_worker=4), rng=random.Random(0)).choose(request(PROMPT), table)
+    assert decision.worker_id == "b"
+
+
+def test_ties_are_broken_by_sampling_two_and_taking_the_less_loaded() -> None:
+    table = [view("a", requests=1), view("b", requests=0), view("c", requests=1), view("d", requests=1)]
+    policy = KvAware(KvAwareParams(slack=10.0), rng=random.Random(3))
+    chosen = [policy.choose(request(PROMPT), table).worker_id for _ in range(40)]
+    assert chosen.count("b") > 10  # b wins whenever sampled
+    assert set(chosen) <= {"a", "b", "c", "d"}
+
+
+def test_tie_breaking_is_reproducible_with_the_same_seed() -> None:
+    table = [view(f"w{i}") for i in range(6)]
+    first = [KvAware(rng=random.Random(5)).choose(request(PROMPT), table).worker_id for _ in range(3)]
+    again = [KvAware(rng=random.Random(5)).choose(request(PROMPT), table).worker_id for _ in range(3)]
+    assert first == again
+
+
+def test_explanation_shows_cached_blocks_and_predicted_ttft() -> None:
+    table = [view("a", confirmed=32), view("b")]
+    decision = KvAware(rng=random.Random(0)).choose(request(PROMPT), table)
+    top = decision.explanation[0]
+    assert (top.worker_id, top.cached_blocks) == ("a", 32)
+    assert top.predicted_ttft_ms == pytest.approx(512 / 10_000 * 1000)
+    assert "a(cached_blocks=32" in decision.explain()
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"slack": -1}, "slack: must be >= 0, got -1"),
+        ({"predicted_weight": 2}, "predicted_weight: must be <= 1, got 2"),
+        ({"max_requests_per_worker": 1.5}, "max_requests_per_worker: must be an integer, got 1.5"),
+        ({"queue_penalty_s": "x"}, "queue_penalty_s: must be a number, got 'x'"),
+    ],
+    ids=["negative-slack", "weight-above-one", "float-cap", "string"],
+)
+def test_bad_parameters_are_rejected(params: dict, message: str) -> None:
+    with pytest.raises(ValueError) as excinfo:
+        KvAwareParams(**params)
+    assert str(excinfo.value) == message

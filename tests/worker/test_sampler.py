@@ -1,0 +1,91 @@
+"""The sampler: greedy, temperature, top-k, top-p, and per-request seeds indexed by output position."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from worker.engine.sampling_params import SamplingParams
+from worker.executor.sampler import Sampler, apply_top_k_top_p, seed_for
+
+VOCAB = 50
+
+
+def random_logits(rows: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy_picks_the_argmax_of_every_row():
+    logits = random_logits(6)
+    params = [SamplingParams(temperature=0.0)] * 6
+    assert Sampler().sample(logits, params, [0] * 6) == logits.argmax(-1).tolist()
+
+
+def test_top_k_one_equals_greedy_at_any_temperature():
+    logits = random_logits(8, seed=1)
+    params = [SamplingParams(temperature=2.0, top_k=1)] * 8
+    assert Sampler().sample(logits, params, list(range(8))) == logits.argmax(-1).tolist()
+
+
+def test_greedy_and_sampled_rows_mix_in_one_call():
+    logits = random_logits(2, seed=2)
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_k=1)]
+    assert Sampler().sample(logits, params, [0, 0]) == logits.argmax(-1).tolist()
+
+
+def test_same_seed_and_index_draw_the_same_token_whatever_the_row():
+    logits = random_logits(1, seed=3).expand(5, VOCAB)
+    params = [SamplingParams(temperature=1.0, seed=42)] * 5
+    tokens = Sampler().sample(logits, params, [7] * 5)
+    assert len(set(tokens)) == 1
+    assert Sampler().sample(logits[:1], params[:1], [7]) == tokens[:1]
+
+
+def test_seeded_draws_depend_on_the_sample_index():
+    logits = torch.zeros(1, VOCAB)  # uniform: different indices give different tokens
+    params = [SamplingParams(temperature=1.0, seed=42)]
+    tokens = [Sampler().sample(logits, params, [i])[0] for i in range(20)]
+    assert len(set(tokens)) > 5
+    assert tokens == [Sampler().sample(logits, params, [i])[0] for i in range(20)]
+    assert seed_for(42, 0) != seed_for(42, 1) != seed_for(43, 1)
+
+
+def test_unseeded_sampling_follows_the_samplers_generator():
+    logits = torch.zeros(4, VOCAB)
+    params = [SamplingParams(temperature=1.0)] * 4
+    first = Sampler(torch.Generator().manual_seed(0)).sample(logits, params, [0] * 4)
+    assert Sampler(torch.Generator().manual_seed(0)).sample(logits, params, [0] * 4) == first
+
+
+def test_top_p_keeps_the_smallest_nucleus_reaching_p():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    kept = torch.isfinite(apply_top_k_top_p(logits, None, 0.8))
+    assert kept.tolist() == [True, True, False, False]
+    kept = torch.isfinite(apply_top_k_top_p(logits, None, 0.81))
+    assert kept.tolist() == [True, True, True, False]
+
+
+def test_top_p_never_samples_outside_the_nucleus():
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.06, 0.04]]))
+    params = SamplingParams(temperature=1.0, top_p=0.85, seed=1)
+    tokens = {Sampler().sample(logits, [params], [i])[0] for i in range(200)}
+    assert tokens == {0, 1}
+
+
+def test_top_k_cut():
+    logits = torch.tensor([1.0, 4.0, 3.0, 2.0])
+    assert torch.isfinite(apply_top_k_top_p(logits, 2, 1.0)).tolist() == [False, True, True, False]
+
+
+@pytest.mark.parametrize("temperature, expected_top_share", [(0.2, 0.95), (5.0, 0.4)], ids=["cold", "hot"])
+def test_temperature_sharpens_or_flattens_the_distribution(temperature, expected_top_share):
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0]])
+    params = SamplingParams(temperature=temperature, seed=3)
+    draws = [Sampler().sample(logits, [params], [i])[0] for i in range(400)]
+    share = draws.count(0) / len(draws)
+    assert share > expected_top_share if temperature < 1 else share < expected_top_share
+
+
+def test_mismatched_lengths_are_rejected():
+    with pytest.raises(ValueError, match="one SamplingParams"):
+        Sampler().sample(random_logits(2), [SamplingParams()], [0])

@@ -1,0 +1,101 @@
+"""`kvgate worker`: builds model, executor, engine, KV-event publisher and HTTP app, then serves."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from worker.async_engine import AsyncEngine
+from worker.engine.config import EngineConfig
+from worker.engine.engine import Engine
+from worker.metrics import WorkerMetrics
+from worker.model.default_model import DEFAULT_MODEL_SPEC, DEFAULT_SERVED_MODEL_NAME, resolve_model_path
+from worker.model.tokenizer import ModelTokenizer, load_tokenizer
+from worker.server import WorkerState, build_app
+
+log = logging.getLogger("kvgate.worker")
+
+# A sim worker stands in for a GPU worker (docs/sim-calibration.md): ~80 GB of KV for an 8B model
+# is far more than this, but routing experiments want caches that fill and evict.
+SIM_DEFAULT_NUM_BLOCKS = 8192
+SIM_DEFAULT_MAX_MODEL_LEN = 32768
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.worker_id or 'worker'} %(levelname)s %(message)s")
+    try:
+        model_dir = resolve_model_path(args.model)
+        tokenizer = load_tokenizer(model_dir)
+        executor = _build_executor(args, model_dir, tokenizer)
+    except (ValueError, OSError) as exc:
+        print(f"kvgate worker: {exc}", file=sys.stderr)
+        return 2
+    served_name = args.served_model_name or _default_served_name(args.model, model_dir)
+    budget = {"max_num_batched_tokens": args.max_num_batched_tokens} if args.max_num_batched_tokens else {}
+    config = EngineConfig(model_name=served_name, block_size=args.block_size, num_blocks=executor.num_blocks,
+                          max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, **budget)
+    publisher = _build_publisher(args)
+    metrics = WorkerMetrics(served_name, executor.name)
+    step_events: list = []
+    engine = Engine(executor, tokenizer.tokenizer, config, event_sink=step_events.append,
+                    eos_token_ids=tokenizer.eos_token_ids)
+    async_engine = AsyncEngine(engine, step_events, publisher=publisher, observer=metrics)
+    async_engine.start()
+    state = WorkerState(engine=async_engine, tokenizer=tokenizer, served_model_name=served_name,
+                        model_root=str(model_dir), executor_name=executor.name, block_size=args.block_size,
+                        max_model_len=engine.max_model_len, metrics=metrics)
+    log.info("serving %s (%s executor, %d KV blocks of %d tokens) on http://%s:%d", served_name, executor.name,
+             engine.num_blocks, args.block_size, args.host, args.port)
+    try:
+        uvicorn.run(build_app(state), host=args.host, port=args.port, log_level="warning",
+                    timeout_graceful_shutdown=5)
+    finally:
+        async_engine.shutdown()
+        if publisher is not None:
+            publisher.close()
+    return 0
+
+
+def _default_served_name(spec: str, model_dir: Path) -> str:
+    return DEFAULT_SERVED_MODEL_NAME if spec == DEFAULT_MODEL_SPEC else model_dir.name
+
+
+def _build_executor(args: argparse.Namespace, model_dir: Path, tokenizer: ModelTokenizer):
+    if args.executor == "sim":
+        from worker.executor.sim_executor import DEFAULT_SIM_TIMING, SimExecutor, SimTiming
+
+        timing = SimTiming.parse(args.sim_timing) if args.sim_timing else DEFAULT_SIM_TIMING
+        eos = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None
+        return SimExecutor(timing, block_size=args.block_size, num_blocks=args.num_blocks or SIM_DEFAULT_NUM_BLOCKS,
+                           max_model_len=args.max_model_len or SIM_DEFAULT_MAX_MODEL_LEN,
+                           vocab_size=tokenizer.vocab_size, eos_token_id=eos,
+                           ordinary_token_ids=_ordinary_token_ids(tokenizer))
+    from worker.executor.torch_executor import TorchExecutor
+
+    return TorchExecutor.from_pretrained(model_dir, device=args.device or _default_device(),
+                                         block_size=args.block_size, num_blocks=args.num_blocks,
+                                         max_model_len=args.max_model_len)
+
+
+def _ordinary_token_ids(tokenizer: ModelTokenizer) -> range:
+    """Ids above the special tokens (which tokenizers put first), so sim text decodes as text."""
+    special = [i for i, t in tokenizer.tokenizer.get_added_tokens_decoder().items() if t.special]
+    return range(max(special, default=-1) + 1, tokenizer.vocab_size)
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _build_publisher(args: argparse.Namespace):
+    if not args.kv_events_endpoint:
+        return None
+    from worker.kv_publisher import KVEventPublisher
+
+    return KVEventPublisher(args.kv_events_endpoint, None, topic=f"kv-events.{args.worker_id or 'worker'}")

@@ -1,0 +1,78 @@
+"""Pick one token per row of logits: greedy, or temperature / top-k / top-p sampling.
+
+Sampling draws Exponential(1) noise E and picks argmax(p / E) (an exact sample from p). With a
+seed, the noise for output token i comes from a generator seeded by hash(seed, i) alone, so a
+request samples the same tokens whatever it was batched with, and again after a preemption.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import torch
+
+from worker.engine.sampling_params import SamplingParams
+
+
+def seed_for(seed: int, sample_index: int) -> int:
+    """A 63-bit generator seed that depends only on (seed, sample_index)."""
+    digest = hashlib.blake2b(f"{seed}:{sample_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
+    """Logits [V] with everything outside the top-k and the top-p nucleus set to -inf."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = sorted_logits.softmax(-1)
+        mass_before = probs.cumsum(-1) - probs
+        drop_sorted = mass_before >= top_p  # keep the smallest prefix whose mass reaches top_p
+        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+class Sampler:
+    """sample(logits [N, V], params, sample_indices) -> N token ids."""
+
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        self.generator = generator  # for unseeded requests; None: torch's default generator
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        sample_indices: Sequence[int],
+    ) -> list[int]:
+        if len(params) != logits.shape[0] or len(sample_indices) != logits.shape[0]:
+            raise ValueError("one SamplingParams and one sample index per row of logits")
+        if not params:
+            return []
+        greedy = logits.argmax(dim=-1)
+        if all(p.is_greedy for p in params):
+            return greedy.tolist()
+        tokens = greedy.tolist()
+        for row, (p, index) in enumerate(zip(params, sample_indices, strict=True)):
+            if not p.is_greedy:
+                tokens[row] = self._sample_row(logits[row], p, index)
+        return tokens
+
+    def _sample_row(self, logits: torch.Tensor, params: SamplingParams, sample_index: int) -> int:
+        scaled = apply_top_k_top_p(logits.to(torch.float32) / params.temperature, params.top_k, params.top_p)
+        probs = scaled.softmax(-1)
+        noise = self._exponential_noise(probs, params.seed, sample_index)
+        return int((probs / noise).argmax())
+
+    def _exponential_noise(self, probs: torch.Tensor, seed: int | None, sample_index: int) -> torch.Tensor:
+        if seed is None:
+            generator = self.generator
+            if generator is not None and generator.device != probs.device:
+                return torch.empty(probs.shape, dtype=torch.float32).exponential_(generator=generator).to(probs.device)
+            return torch.empty_like(probs).exponential_(generator=generator)
+        generator = torch.Generator(device="cpu").manual_seed(seed_for(seed, sample_index))
+        # CPU noise: the same (seed, index) draws the same token on CPU and CUDA workers.
+        return torch.empty(probs.shape, dtype=torch.float32).exponential_(generator=generator).to(probs.device)

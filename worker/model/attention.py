@@ -1,0 +1,57 @@
+"""Self-attention projections (q/k/v/o, optional bias and per-head q/k RMSNorm, RoPE).
+
+The attention itself (KV cache writes, paging, masking) is the backend's: the executor passes one in.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from worker.model.config import ModelConfig
+from worker.model.norm import RMSNorm
+from worker.model.rope import apply_rotary
+
+
+class AttentionBackend(Protocol):
+    """Stores the step's new K/V for a layer and returns attention output [T, heads, head_dim]."""
+
+    def __call__(self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, q_size, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_size, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.o_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = cos_sin
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = backend(self.layer_index, q, k, v)
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))

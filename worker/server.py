@@ -1,0 +1,305 @@
+"""The worker's HTTP API: OpenAI completions and chat (streaming or not), models, health, metrics.
+
+Handlers tokenize, submit to the AsyncEngine and shape OpenAI responses; a client that goes
+away aborts its request in the engine at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from worker.async_engine import AsyncEngine, EngineShutDown
+from worker.engine.engine import RequestOutput
+from worker.metrics import WorkerMetrics
+from worker.model.tokenizer import ModelTokenizer
+from worker.openai_api import ApiError, GenerateRequest, parse_chat, parse_completion, parse_json
+
+
+@dataclass(slots=True)
+class WorkerState:
+    """Everything the handlers need; built once by worker.cli."""
+
+    engine: AsyncEngine
+    tokenizer: ModelTokenizer
+    served_model_name: str
+    model_root: str
+    executor_name: str
+    block_size: int
+    max_model_len: int
+    metrics: WorkerMetrics
+    created_s: int = dataclasses.field(default_factory=lambda: int(time.time()))
+
+
+def build_app(state: WorkerState) -> Starlette:
+    routes = [
+        Route("/health", _health, methods=["GET"]),
+        Route("/v1/models", _models, methods=["GET"]),
+        Route("/metrics", _metrics, methods=["GET"]),
+        Route("/v1/completions", _completions, methods=["POST"]),
+        Route("/v1/chat/completions", _chat_completions, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    app.state.worker = state
+    return app
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return error_response(ApiError(exc.status_code, exc.detail or "error", type_))
+
+
+def _state(request: Request) -> WorkerState:
+    return request.app.state.worker
+
+
+async def _health(request: Request) -> Response:
+    if not _state(request).engine.is_alive:
+        return JSONResponse({"status": "engine stopped"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+async def _models(request: Request) -> Response:
+    s = _state(request)
+    model = {
+        "id": s.served_model_name, "object": "model", "created": s.created_s, "owned_by": "kvgate",
+        "root": s.model_root, "parent": None, "max_model_len": s.max_model_len,
+        "block_size": s.block_size, "executor": s.executor_name,
+    }
+    return JSONResponse({"object": "list", "data": [model]})
+
+
+async def _metrics(request: Request) -> Response:
+    return Response(_state(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def _completions(request: Request) -> Response:
+    return await _generate(request, "completion")
+
+
+async def _chat_completions(request: Request) -> Response:
+    return await _generate(request, "chat")
+
+
+async def _generate(request: Request, kind: str) -> Response:
+    state = _state(request)
+    try:
+        data = parse_json(await request.body())
+        header_priority = _header_priority(request)
+        parse = parse_completion if kind == "completion" else parse_chat
+        req = parse(data, header_priority)
+        _check_model(state, req.model)
+        prompt_ids = _prompt_token_ids(state, req)
+        req = _fit_context(state, req, len(prompt_ids))
+    except ApiError as error:
+        return error_response(error)
+    prefix = "cmpl" if kind == "completion" else "chatcmpl"
+    request_id = f"{prefix}-{uuid.uuid4().hex}"
+    headers = {"x-request-id": request_id, "x-kvgate-executor": state.executor_name}
+    outputs = state.engine.generate(request_id, prompt_ids, req.sampling, req.priority)
+    shaper = _Shaper(state, req, request_id, prompt_ids)
+    if req.stream:
+        return StreamingResponse(_sse(shaper, outputs), media_type="text/event-stream",
+                                 headers={**headers, "cache-control": "no-cache"})
+    try:
+        final = await _collect_unless_disconnected(request, outputs)
+    except ApiError as error:
+        return error_response(error)
+    if final is None:
+        return Response(status_code=499)
+    return JSONResponse(shaper.full_response(*final), headers=headers)
+
+
+def _header_priority(request: Request) -> int | None:
+    value = request.headers.get("x-priority")
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ApiError(400, f"X-Priority must be an integer, got {value[:20]!r}", param="X-Priority") from None
+
+
+def _check_model(state: WorkerState, model: str | None) -> None:
+    if model is not None and model not in (state.served_model_name, state.model_root):
+        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", param="model",
+                       code="model_not_found")
+
+
+def _prompt_token_ids(state: WorkerState, req: GenerateRequest) -> list[int]:
+    tok = state.tokenizer
+    if req.prompt_token_ids is not None:
+        vocab = tok.vocab_size
+        if max(req.prompt_token_ids) >= vocab:
+            raise ApiError(400, f"prompt token ids must be < vocabulary size {vocab}", param="prompt")
+        return list(req.prompt_token_ids)
+    if req.prompt_text is not None:
+        return tok.encode(req.prompt_text, add_special_tokens=True)
+    try:
+        text = tok.apply_chat_template(list(req.messages or ()), add_generation_prompt=req.add_generation_prompt,
+                                       continue_final_message=req.continue_final_message)
+    except (ValueError, jinja2.TemplateError) as exc:
+        raise ApiError(400, f"cannot apply the chat template: {exc}", param="messages") from None
+    return tok.encode(text, add_special_tokens=False)
+
+
+def _fit_context(state: WorkerState, req: GenerateRequest, num_prompt_tokens: int) -> GenerateRequest:
+    """Reject prompts that can't fit; give chat requests without max_tokens the room that is left."""
+    room = state.max_model_len - num_prompt_tokens
+    if room < 1:
+        raise ApiError(400, f"This model's maximum context length is {state.max_model_len} tokens. However, "
+                       f"your prompt has {num_prompt_tokens} tokens.", param="prompt", code="context_length_exceeded")
+    if not req.max_tokens_given:
+        return dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, max_tokens=room))
+    if req.sampling.max_tokens > room:
+        raise ApiError(400, f"This model's maximum context length is {state.max_model_len} tokens. However, you "
+                       f"requested {num_prompt_tokens + req.sampling.max_tokens} tokens ({num_prompt_tokens} in the "
+                       f"prompt, {req.sampling.max_tokens} for the completion). Please reduce the prompt or "
+                       "max_tokens.", param="max_tokens", code="context_length_exceeded")
+    return req
+
+
+async def _collect(outputs: AsyncIterator[RequestOutput]) -> tuple[str, RequestOutput]:
+    text: list[str] = []
+    last = None
+    try:
+        async for output in outputs:
+            text.append(output.new_text)
+            last = output
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from None
+    except EngineShutDown as exc:
+        raise ApiError(503, str(exc), "service_unavailable") from None
+    assert last is not None
+    return "".join(text), last
+
+
+async def _collect_unless_disconnected(request: Request, outputs: AsyncIterator[RequestOutput]):
+    """Run the request; if the client disconnects first, cancel it (which aborts it) and return None."""
+    work = asyncio.ensure_future(_collect(outputs))
+    watch = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if work in done:
+        return work.result()
+    work.cancel()
+    await asyncio.gather(work, return_exceptions=True)
+    await outputs.aclose()
+    return None
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _sse(shaper: "_Shaper", outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:
+    try:
+        for chunk in shaper.first_chunks():
+            yield _event(chunk)
+        async for output in outputs:
+            for chunk in shaper.chunks(output):
+                yield _event(chunk)
+    except ValueError as exc:
+        yield _event(ApiError(400, str(exc)).body())
+    except EngineShutDown as exc:
+        yield _event(ApiError(503, str(exc), "service_unavailable").body())
+    finally:
+        await outputs.aclose()
+    yield b"data: [DONE]\n\n"
+
+
+def _event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+class _Shaper:
+    """Builds OpenAI response bodies and stream chunks for one request."""
+
+    def __init__(self, state: WorkerState, req: GenerateRequest, request_id: str, prompt_ids: list[int]) -> None:
+        self.req = req
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.created = int(time.time())
+        self.model = state.served_model_name
+        self.fingerprint = f"kvgate-{state.executor_name}"
+        self.is_chat = req.kind == "chat"
+
+    def _envelope(self, object_: str) -> dict[str, Any]:
+        return {"id": self.request_id, "object": object_, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint}
+
+    def usage(self, output: RequestOutput) -> dict[str, Any]:
+        completion = len(output.output_token_ids)
+        return {"prompt_tokens": output.num_prompt_tokens, "completion_tokens": completion,
+                "total_tokens": output.num_prompt_tokens + completion,
+                "prompt_tokens_details": {"cached_tokens": output.num_cached_tokens}}
+
+    def full_response(self, text: str, final: RequestOutput) -> dict[str, Any]:
+        reason = final.finish_reason.value if final.finish_reason else None
+        if self.is_chat:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                      "logprobs": None, "finish_reason": reason, "stop_reason": None}
+            body = {**self._envelope("chat.completion"), "choices": [choice]}
+            if self.req.return_token_ids:
+                body["prompt_token_ids"] = self.prompt_ids
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None}
+            if self.req.return_token_ids:
+                choice["prompt_token_ids"] = self.prompt_ids
+            body = {**self._envelope("text_completion"), "choices": [choice]}
+        if self.req.return_token_ids:
+            choice["token_ids"] = final.output_token_ids
+        body["usage"] = self.usage(final)
+        return body
+
+    def first_chunks(self) -> list[dict[str, Any]]:
+        if not self.is_chat:
+            return []
+        chunk = self._chunk({"role": "assistant", "content": ""}, None, None)
+        if self.req.return_token_ids:
+            chunk["prompt_token_ids"] = self.prompt_ids
+        return [chunk]
+
+    def chunks(self, output: RequestOutput) -> list[dict[str, Any]]:
+        reason = output.finish_reason.value if output.finished and output.finish_reason else None
+        chunks = []
+        if output.new_text or reason is not None or (self.req.return_token_ids and output.new_token_ids):
+            delta: Any = {"content": output.new_text} if self.is_chat else output.new_text
+            chunk = self._chunk(delta, reason, output.new_token_ids if self.req.return_token_ids else None)
+            if self.req.include_usage:
+                chunk["usage"] = self.usage(output) if self.req.continuous_usage else None
+            chunks.append(chunk)
+        if output.finished and self.req.include_usage:
+            chunks.append({**self._envelope(self._chunk_object()), "choices": [], "usage": self.usage(output)})
+        return chunks
+
+    def _chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.is_chat else "text_completion"
+
+    def _chunk(self, delta: Any, reason: str | None, token_ids: list[int] | None) -> dict[str, Any]:
+        if self.is_chat:
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": reason}
+        if token_ids is not None:
+            choice["token_ids"] = token_ids
+        return {**self._envelope(self._chunk_object()), "choices": [choice]}
