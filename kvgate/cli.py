@@ -72,7 +72,7 @@ def _add_gateway(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, type=Path, help="kvgate YAML config")
     p.add_argument("--host", help="listen address (overrides gateway.host)")
     p.add_argument("--port", type=_port, help="listen port (overrides gateway.port)")
-    p.set_defaults(handler=_dispatch("gateway.cli", "run", "the gateway"))
+    p.set_defaults(handler=_run_gateway)
 
 
 def _add_worker(sub: argparse._SubParsersAction) -> None:
@@ -125,6 +125,29 @@ def _dispatch(module: str, function: str, part: str) -> Callable[[argparse.Names
     return handler
 
 
+def _run_gateway(args: argparse.Namespace) -> int:
+    from gateway.cli import run
+
+    config = load_config(args.config)
+    return run(args, config, _tokenizer_dirs(config))
+
+
+def _tokenizer_dirs(config) -> dict[str, Path]:
+    """Each pool's routing tokenizer folder; `default` is the embedded model (converted once)."""
+    dirs = {}
+    for name, pool in config.pools.items():
+        if pool.tokenizer == "default":
+            from worker.model.default_model import resolve_model_path
+
+            dirs[name] = resolve_model_path("default")
+        elif pool.tokenizer is not None:
+            folder = Path(pool.tokenizer).expanduser()
+            if not (folder / "tokenizer.json").is_file():
+                raise ConfigError(f"pools.{name}.tokenizer", f"no tokenizer.json in {folder}")
+            dirs[name] = folder
+    return dirs
+
+
 def _run_keys_create(args: argparse.Namespace) -> int:
     from kvgate.keys import generate_key, hash_key, store_in_redis
 
@@ -147,13 +170,9 @@ def _run_up(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else config.gateway.port
     env_name = config.auth.dev_key_env
     api_key = dev_api_key(os.environ.get(env_name) if env_name else None)
-    with_gateway = importlib.util.find_spec("gateway.cli") is not None
-    if not with_gateway:
-        print("kvgate: the gateway is not part of this build yet; starting the workers only")
-    specs = stack_specs(config, args.config, port, api_key, include_gateway=with_gateway)
+    specs = stack_specs(config, args.config, port, api_key)
     supervisor = Supervisor(specs, health_timeout_s=args.health_timeout)
-    on_ready = (lambda: print_banner(sys.stdout, config, port, api_key)) if with_gateway else None
-    return supervisor.run(on_ready=on_ready)
+    return supervisor.run(on_ready=lambda: print_banner(sys.stdout, config, port, api_key))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -38,20 +38,18 @@ def worker_argv(worker: WorkerConfig) -> tuple[str, ...]:
     return (*argv, *launch.extra_args)
 
 
-def stack_specs(config: KvgateConfig, config_path: Path, gateway_port: int, api_key: str,
-                include_gateway: bool = True) -> list[ChildSpec]:
+def stack_specs(config: KvgateConfig, config_path: Path, gateway_port: int, api_key: str) -> list[ChildSpec]:
     """Workers first (non-critical: the gateway routes around a dead one), then the gateway."""
     specs = [
         ChildSpec(name=w.name, argv=worker_argv(w), health_url=f"{w.url.rstrip('/')}/health")
         for w in config.launched_workers()
     ]
-    if include_gateway:
-        host = config.gateway.host
-        argv = (sys.executable, "-m", "kvgate", "gateway", "--config", str(config_path),
-                "--host", host, "--port", str(gateway_port))
-        env = {config.auth.dev_key_env: api_key} if config.auth.dev_key_env else {}
-        specs.append(ChildSpec(name="gateway", argv=argv, critical=True, env=env,
-                               health_url=f"http://{_url_host(host)}:{gateway_port}/health"))
+    host = config.gateway.host
+    argv = (sys.executable, "-m", "kvgate", "gateway", "--config", str(config_path),
+            "--host", host, "--port", str(gateway_port))
+    env = {config.auth.dev_key_env: api_key} if config.auth.dev_key_env else {}
+    specs.append(ChildSpec(name="gateway", argv=argv, critical=True, env=env,
+                           health_url=f"http://{_url_host(host)}:{gateway_port}/ready"))
     return specs
 
 

@@ -130,6 +130,12 @@ class RoutingTokenizer:
 
     # -- public ------------------------------------------------------------------------------
 
+    def encode_text(self, text: str) -> list[int]:
+        """Plain text without special tokens (e.g. generated output, to count or continue it)."""
+        if self._tokenizer is None:
+            return _approximate_ids(text)
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
     def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
         """A completions prompt: text with special tokens added, or token ids as given."""
         if not isinstance(prompt, str):

@@ -9,12 +9,16 @@ from kvgate.config.loader import ConfigError, build, load_yaml_file
 from kvgate.config.schema import (
     ApiKeyConfig,
     AuthConfig,
+    BreakerConfig,
+    HealthConfig,
     KvgateConfig,
     LaunchConfig,
     LimitsConfig,
+    OutlierConfig,
     PolicyConfig,
     PoolConfig,
     RedisConfig,
+    RoutingConfig,
     ServerConfig,
     UpstreamConfig,
     WorkerConfig,
@@ -27,7 +31,8 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Kvgat
 
 
 __all__ = [
-    "ApiKeyConfig", "AuthConfig", "ConfigError", "KvgateConfig", "LaunchConfig", "LimitsConfig",
-    "PolicyConfig", "PoolConfig", "RedisConfig", "ServerConfig", "UpstreamConfig", "WorkerConfig",
+    "ApiKeyConfig", "AuthConfig", "BreakerConfig", "ConfigError", "HealthConfig", "KvgateConfig", "LaunchConfig",
+    "LimitsConfig", "OutlierConfig", "PolicyConfig", "PoolConfig", "RedisConfig", "RoutingConfig", "ServerConfig",
+    "UpstreamConfig", "WorkerConfig",
     "build", "load_config",
 ]

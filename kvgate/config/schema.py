@@ -141,12 +141,16 @@ class WorkerConfig:
     name: str
     url: str
     kv_events_endpoint: str | None = None
+    block_size: int | None = None  # None: launch.block_size, else asked from the worker's /v1/models
+    num_blocks: int | None = None  # caps the router's index for this worker
     launch: LaunchConfig | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
             raise ConfigError("name", "must be letters, digits, '.', '_' or '-'")
         _check_http_url(self.url)
+        _check_positive(self.block_size, "block_size")
+        _check_positive(self.num_blocks, "num_blocks")
         if self.kv_events_endpoint is not None:
             _check_zmq_endpoint(self.kv_events_endpoint, "kv_events_endpoint")
         if self.launch is not None:
@@ -157,6 +161,62 @@ class WorkerConfig:
     @property
     def port(self) -> int | None:
         return urlparse(self.url).port
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    """Active health checks: GET /health (and /metrics for load) on every worker at an interval."""
+
+    interval_s: float = 2.0
+    timeout_s: float = 2.0
+    unhealthy_threshold: int = 2
+    healthy_threshold: int = 1
+    scrape_metrics: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("interval_s", "timeout_s", "unhealthy_threshold", "healthy_threshold"):
+            _check_positive(getattr(self, name), name)
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    """Per-worker circuit breaker: opens after fail_max consecutive failures, trial after reset_timeout_s."""
+
+    fail_max: int = 5
+    reset_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        _check_positive(self.fail_max, "fail_max")
+        _check_positive(self.reset_timeout_s, "reset_timeout_s")
+
+
+@dataclass(frozen=True, slots=True)
+class OutlierConfig:
+    """Slow-worker ejection on time to first byte (see gateway/outliers.py)."""
+
+    enabled: bool = True
+    min_samples: int = 10
+    ratio: float = 3.0
+    min_latency_s: float = 0.5
+    ejection_s: float = 30.0
+    max_ejected_fraction: float = 0.5
+    ewma_alpha: float = 0.2
+
+    def __post_init__(self) -> None:
+        for name in ("min_samples", "ratio", "min_latency_s", "ejection_s"):
+            _check_positive(getattr(self, name), name)
+        if not 0 <= self.max_ejected_fraction <= 1:
+            raise ConfigError("max_ejected_fraction", "must be in [0, 1]")
+        if not 0 < self.ewma_alpha <= 1:
+            raise ConfigError("ewma_alpha", "must be in (0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    """policies_file: YAML routing rules (configs/policies/); None routes each pool by its policy."""
+
+    policies_file: str | None = None
+    debug_header: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +243,7 @@ class PoolConfig:
 
 @dataclass(frozen=True, slots=True)
 class KvgateConfig:
-    """The whole file: the gateway's server, limits, upstream, auth, redis and pools."""
+    """The whole file: the gateway's server, limits, upstream, auth, redis, routing, health and pools."""
 
     pools: dict[str, PoolConfig]
     gateway: ServerConfig = field(default_factory=ServerConfig)
@@ -191,6 +251,10 @@ class KvgateConfig:
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     redis: RedisConfig = field(default_factory=RedisConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    outliers: OutlierConfig = field(default_factory=OutlierConfig)
 
     def __post_init__(self) -> None:
         if not self.pools:

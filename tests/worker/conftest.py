@@ -46,10 +46,24 @@ def build_tokenizer():
     return tokenizer
 
 
-def _save_tokenizer(model_dir: Path) -> int:
+def build_word_tokenizer():
+    """Whole words split on whitespace: decode(encode(text)) round-trips any text of its words,
+    so generated text can be re-tokenized exactly (what text-based failover continuation needs)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = sorted({w for line in _CORPUS for w in line.split()})
+    words += [f"w{i}" for i in range(384 - len(SPECIAL_TOKENS) - len(words) - 1)]
+    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, "<unk>", *words])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return tokenizer
+
+
+def _save_tokenizer(model_dir: Path, words: bool = False) -> int:
     from transformers import PreTrainedTokenizerFast
 
-    hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(), bos_token="<s>", eos_token="</s>",
+    tokenizer = build_word_tokenizer() if words else build_tokenizer()
+    hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
                                            pad_token="</s>")
     hf_tokenizer.chat_template = CHAT_TEMPLATE
     hf_tokenizer.save_pretrained(model_dir)
@@ -69,13 +83,17 @@ def _randomize_norms_and_biases(model) -> None:
                 param.copy_(0.2 * torch.randn(param.shape, generator=generator))
 
 
-def build_model_dir(model_dir: Path, architecture: str = "llama", **overrides) -> Path:
-    """Save a tiny random model + tokenizer + chat template into model_dir (created)."""
+def build_model_dir(model_dir: Path, architecture: str = "llama", plain_words: bool = False, **overrides) -> Path:
+    """Save a tiny random model + tokenizer + chat template into model_dir (created).
+
+    plain_words: a word-level tokenizer and an lm_head that never picks a special token, so
+    the model only ever "says" plain words (its output text re-tokenizes to the same ids).
+    """
     import torch
     import transformers
 
     model_dir.mkdir(parents=True, exist_ok=True)
-    vocab_size = _save_tokenizer(model_dir)
+    vocab_size = _save_tokenizer(model_dir, words=plain_words)
     eos_id = SPECIAL_TOKENS.index("</s>")
     options = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
@@ -92,6 +110,9 @@ def build_model_dir(model_dir: Path, architecture: str = "llama", **overrides) -
     torch.manual_seed(0)
     model = model_class(config_class(**options)).to(torch.float32).eval()
     _randomize_norms_and_biases(model)
+    if plain_words:
+        with torch.no_grad():  # zero logits for specials and <unk>: random words always beat them
+            model.lm_head.weight[: len(SPECIAL_TOKENS) + 1] = 0.0
     model.save_pretrained(model_dir, safe_serialization=True)
     return model_dir
 

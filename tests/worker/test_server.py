@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.worker.worker_process import running_worker
+from tests.processes import running_worker
 
 BLOCK_SIZE = 8
 

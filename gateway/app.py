@@ -1,0 +1,60 @@
+"""The gateway ASGI app: routes, and the middleware order in one visible place."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway import handlers
+from gateway.admission_slot import AdmissionMiddleware
+from gateway.auth import AuthMiddleware, KeyStore
+from gateway.core import GatewayCore
+from gateway.errors import GatewayError
+from gateway.middleware import LimitsMiddleware, RequestContextMiddleware
+
+
+def build_middleware(core: GatewayCore, keys: KeyStore) -> list[Middleware]:
+    """Outermost first: request id + trace context, auth, limits, admission."""
+    return [
+        Middleware(RequestContextMiddleware),
+        Middleware(AuthMiddleware, keys=keys),
+        Middleware(LimitsMiddleware, limits=core.config.limits),
+        Middleware(AdmissionMiddleware),
+    ]
+
+
+def build_app(core: GatewayCore, keys: KeyStore | None = None) -> Starlette:
+    keys = keys or KeyStore(core.config.auth, dict(os.environ))
+    routes = [
+        Route("/v1/chat/completions", handlers.chat_completions, methods=["POST"]),
+        Route("/v1/completions", handlers.completions, methods=["POST"]),
+        Route("/v1/models", handlers.models, methods=["GET"]),
+        Route("/health", handlers.health, methods=["GET"]),
+        Route("/ready", handlers.ready, methods=["GET"]),
+        Route("/metrics", handlers.metrics, methods=["GET"]),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        await core.start()
+        try:
+            yield
+        finally:
+            await core.stop()
+
+    app = Starlette(routes=routes, middleware=build_middleware(core, keys), lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error})
+    app.state.core = core
+    return app
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return GatewayError(exc.status_code, exc.detail or "error", type_).response()

@@ -1,0 +1,33 @@
+"""`kvgate gateway`: build the app from a config and serve it with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+import uvicorn
+
+from gateway.app import build_app
+from gateway.core import GatewayCore
+from kvgate.config import KvgateConfig
+
+
+def serve(config: KvgateConfig, tokenizer_dirs: Mapping[str, Path], host: str, port: int) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
+    core = GatewayCore(config, tokenizer_dirs)
+    if hasattr(core.policies, "install_sighup"):
+        core.policies.install_sighup()
+    logging.getLogger("kvgate.gateway").info("gateway listening on http://%s:%d (pools: %s)", host, port,
+                                             ", ".join(config.pools))
+    uvicorn.run(build_app(core), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5,
+                loop="uvloop", http="httptools", backlog=4096)
+    return 0
+
+
+def run(args: argparse.Namespace, config: KvgateConfig, tokenizer_dirs: Mapping[str, Path]) -> int:
+    host = args.host or config.gateway.host
+    port = args.port if args.port is not None else config.gateway.port
+    return serve(config, tokenizer_dirs, host, port)

@@ -1,0 +1,202 @@
+"""The workers behind the gateway: who is in rotation, and the background work that keeps it true.
+
+A worker is in rotation when its health checks pass, its breaker is not open (or a half-open
+trial is due) and it is not ejected as a slow outlier. Leaving rotation drops its confirmed
+KV-index entries at once; it rejoins when it recovers. The fleet also runs each worker's
+KV-event subscriber and scrapes its /metrics for the router's load view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.breakers import STATE_VALUES, WorkerBreaker
+from gateway.metrics import GatewayMetrics
+from gateway.outliers import OutlierDetector
+from kvgate.config import KvgateConfig, WorkerConfig
+from router.router import Router
+from router.subscriber import KvEventSubscriber
+
+log = logging.getLogger("kvgate.gateway")
+
+_SCRAPED = {"vllm:num_requests_waiting": "waiting_requests", "vllm:num_requests_running": "running_requests",
+            "vllm:kv_cache_usage_perc": "kv_usage_frac"}
+
+
+@dataclass(slots=True)
+class Worker:
+    """One worker's runtime state in this gateway."""
+
+    worker_id: str
+    pool: str
+    url: str
+    config: WorkerConfig
+    breaker: WorkerBreaker
+    healthy: bool = True
+    consecutive_failures: int = 0
+    consecutive_successes: int = 0
+    in_rotation: bool = True
+    subscriber: KvEventSubscriber | None = field(default=None, repr=False)
+
+
+class Fleet:
+    def __init__(self, config: KvgateConfig, router: Router, metrics: GatewayMetrics,
+                 http: httpx.AsyncClient, clock=time.monotonic) -> None:
+        self.config = config
+        self.router = router
+        self.metrics = metrics
+        self.outliers = OutlierDetector(config.outliers, clock=clock)
+        self._http = http
+        self._tasks: list[asyncio.Task] = []
+        self.workers: dict[str, Worker] = {}
+        for pool_name, pool in config.pools.items():
+            for wc in pool.workers:
+                breaker = WorkerBreaker(wc.name, config.breaker.fail_max, config.breaker.reset_timeout_s,
+                                        on_change=self._on_breaker_change)
+                self.workers[wc.name] = Worker(wc.name, pool_name, wc.url.rstrip("/"), wc, breaker)
+                self.outliers.add_worker(wc.name)
+                metrics.breaker_state.labels(worker=wc.name).set(0)
+                metrics.worker_healthy.labels(worker=wc.name).set(1)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        for worker in self.workers.values():
+            endpoint = worker.config.kv_events_endpoint
+            if endpoint:
+                worker.subscriber = KvEventSubscriber(worker.worker_id, self.router.index, endpoint,
+                                                      replay_endpoint=replay_endpoint(endpoint))
+                worker.subscriber.start()
+        await self.check_all(initial=True)
+        self._tasks.append(asyncio.create_task(self._health_loop(), name="health-checks"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for worker in self.workers.values():
+            if worker.subscriber is not None:
+                await worker.subscriber.stop()
+
+    # -- rotation ----------------------------------------------------------------------------
+
+    def available(self, worker_id: str) -> bool:
+        """May an attempt go to this worker now?"""
+        worker = self.workers.get(worker_id)
+        return (worker is not None and worker.healthy and worker.breaker.available()
+                and not self.outliers.is_ejected(worker_id))
+
+    def pools_without_workers(self) -> list[str]:
+        pools = {w.pool for w in self.workers.values()}
+        return sorted(p for p in pools if not any(w.pool == p and self.available(w.worker_id)
+                                                  for w in self.workers.values()))
+
+    def _refresh_rotation(self, worker: Worker) -> None:
+        in_rotation = self.available(worker.worker_id)
+        if in_rotation == worker.in_rotation:
+            return
+        worker.in_rotation = in_rotation
+        self.router.set_healthy(worker.worker_id, in_rotation)
+        self.metrics.worker_healthy.labels(worker=worker.worker_id).set(1 if in_rotation else 0)
+        if not in_rotation:
+            self.router.index.clear_worker(worker.worker_id)  # its cache is unknown from here on
+            log.warning("worker %s left rotation (healthy=%s breaker=%s ejected=%s)", worker.worker_id,
+                        worker.healthy, worker.breaker.state, self.outliers.is_ejected(worker.worker_id))
+        else:
+            log.info("worker %s rejoined rotation", worker.worker_id)
+
+    def _on_breaker_change(self, worker_id: str, old: str, new: str) -> None:
+        self.metrics.breaker_state.labels(worker=worker_id).set(STATE_VALUES.get(new, 0))
+        log.warning("worker %s breaker %s -> %s", worker_id, old, new)
+        worker = self.workers.get(worker_id)
+        if worker is not None:
+            self._refresh_rotation(worker)
+
+    def record_attempt(self, worker_id: str, ok: bool, first_byte_s: float | None = None) -> None:
+        """Outcome of one upstream attempt: feeds the breaker and slow-worker ejection."""
+        worker = self.workers[worker_id]
+        self.metrics.attempts.labels(worker=worker_id, outcome="ok" if ok else "error").inc()
+        if ok:
+            worker.breaker.record_success()
+            if first_byte_s is not None and self.config.outliers.enabled and \
+                    self.outliers.observe(worker_id, first_byte_s):
+                self.metrics.ejections.labels(worker=worker_id).inc()
+        else:
+            worker.breaker.record_failure()
+        self._refresh_rotation(worker)
+
+    # -- health checks -----------------------------------------------------------------------
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.gather(*(self._check(w) for w in self.workers.values()), return_exceptions=True)
+            self._export_index_stats()
+            await asyncio.sleep(self.config.health.interval_s)
+
+    async def check_all(self, initial: bool = False) -> None:
+        """One round of health checks now; the initial round sets each worker's state outright."""
+        await asyncio.gather(*(self._check(w, initial) for w in self.workers.values()), return_exceptions=True)
+
+    async def _check(self, worker: Worker, initial: bool = False) -> None:
+        cfg = self.config.health
+        try:
+            response = await self._http.get(f"{worker.url}/health", timeout=cfg.timeout_s)
+            ok = response.status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        if initial:
+            worker.healthy = ok
+        if ok:
+            worker.consecutive_failures = 0
+            worker.consecutive_successes += 1
+            if not worker.healthy and worker.consecutive_successes >= cfg.healthy_threshold:
+                worker.healthy = True
+        else:
+            worker.consecutive_successes = 0
+            worker.consecutive_failures += 1
+            if worker.healthy and worker.consecutive_failures >= cfg.unhealthy_threshold:
+                worker.healthy = False
+        self._refresh_rotation(worker)
+        if ok and cfg.scrape_metrics:
+            await self._scrape(worker)
+
+    async def _scrape(self, worker: Worker) -> None:
+        try:
+            response = await self._http.get(f"{worker.url}/metrics", timeout=self.config.health.timeout_s)
+            values = parse_vllm_load(response.text) if response.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            return
+        if values:
+            self.router.load.set_scraped(worker.worker_id, **values)
+
+    def _export_index_stats(self) -> None:
+        for worker in self.workers.values():
+            if worker.subscriber is not None:
+                self.metrics.kv_events.labels(worker=worker.worker_id).set(worker.subscriber.counters.events_applied)
+
+
+def parse_vllm_load(text: str) -> dict:
+    """waiting/running requests and KV usage from a vLLM-style /metrics page (summed over engines)."""
+    values: dict = {}
+    for family in text_string_to_metric_families(text):
+        key = _SCRAPED.get(family.name)
+        if key is None:
+            continue
+        total = sum(sample.value for sample in family.samples if sample.name == family.name)
+        values[key] = min(max(total, 0.0), 1.0) if key == "kv_usage_frac" else int(total)
+    return values
+
+
+def replay_endpoint(endpoint: str) -> str:
+    """The replay socket beside a KV-event endpoint: same host, port + 1 (bundled worker's layout)."""
+    parsed = urlparse(endpoint)
+    if parsed.scheme != "tcp" or parsed.port is None:
+        return endpoint
+    return f"tcp://{parsed.hostname}:{parsed.port + 1}"

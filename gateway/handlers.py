@@ -1,0 +1,208 @@
+"""HTTP handlers: the OpenAI endpoints (validate, route, proxy) and /v1/models, /health, /ready, /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from gateway.core import GatewayCore
+from gateway.errors import GatewayError, UpstreamError
+from gateway.session import ProxyRequest, Session
+from router.router import NoRouteError
+from router.types import RouteRequest
+
+FORWARDED_HEADERS = ("traceparent", "tracestate", "x-priority", "x-request-deadline-ms", "x-session-id",
+                     "x-workflow-id", "x-workflow-step", "x-workflow-steps")
+
+
+def _core(request: Request) -> GatewayCore:
+    return request.app.state.core
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _proxy(request, "chat", "/v1/chat/completions")
+
+
+async def completions(request: Request) -> Response:
+    return await _proxy(request, "completion", "/v1/completions")
+
+
+async def _proxy(request: Request, kind: str, path: str) -> Response:
+    core = _core(request)
+    tenant = request.scope.get("state", {}).get("tenant", "anonymous")
+    model_label = "unknown"
+    try:
+        body = _parse_body(await request.body(), kind)
+        model = body["model"]
+        model_label = model if model in core.models else "unknown"
+        session, held, decision = await _start(core, request, kind, path, body, tenant)
+    except GatewayError as error:
+        core.metrics.requests.labels(tenant=tenant, model=model_label, status=str(error.status)).inc()
+        return error.response()
+    except UpstreamError as error:  # the worker refused the request itself (4xx): pass its answer on
+        core.metrics.requests.labels(tenant=tenant, model=model_label, status=str(error.status)).inc()
+        return Response(error.body, status_code=error.status or 502, media_type="application/json")
+    headers = {"x-kvgate-worker": session.tried[-1]}
+    if core.config.routing.debug_header:
+        headers["x-kvgate-route"] = decision.explain()[:2000]
+    if session.req.client_stream:
+        return StreamingResponse(_observed(core, session, session.stream(held), tenant),
+                                 media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"})
+    result = await _collect_unless_disconnected(request, session, held)
+    if result is None:
+        return Response(status_code=499)
+    _finish(core, session, tenant)
+    headers["x-kvgate-failovers"] = str(session.failovers)
+    return JSONResponse(result, headers=headers)
+
+
+async def _start(core: GatewayCore, request: Request, kind: str, path: str, body: dict[str, Any], tenant: str):
+    headers = {k: v for k, v in request.headers.items() if k in FORWARDED_HEADERS}
+    state = request.scope.get("state", {})
+    headers.update(state.get("trace_headers", {}))
+    request_id = state.get("request_id", "")
+    headers["x-request-id"] = request_id
+    route_req = RouteRequest(
+        model=body["model"], messages=body.get("messages") if kind == "chat" else None,
+        prompt=body.get("prompt") if kind == "completion" else None, tools=body.get("tools"),
+        request_id=request_id, tenant=tenant, priority=_priority(request), session_id=request.headers.get("x-session-id"),
+        headers={k.lower(): v for k, v in request.headers.items() if k.lower() not in ("authorization", "x-api-key")},
+        path=path)
+    decision = _route(core, route_req)
+    pool = decision.pool or core.models.get(body["model"], "")
+    stream_options = body.get("stream_options") or {}
+    req = ProxyRequest(kind=kind, path=path, body=body, model=body["model"], pool=pool, tenant=tenant,
+                       request_id=request_id, headers=headers, client_stream=bool(body.get("stream")),
+                       client_include_usage=bool(body.get("stream")) and bool(stream_options.get("include_usage")),
+                       num_prompt_tokens=decision.num_prompt_tokens,
+                       predicted_cached_tokens=decision.predicted_cached_tokens)
+    session = Session(core, req, list(decision.worker_ids))
+    if not req.client_stream:
+        req.client_include_usage = True  # the aggregated response always carries usage
+    held = await session.start()
+    return session, held, decision
+
+
+def _route(core: GatewayCore, route_req: RouteRequest):
+    core.maybe_reload_policies()
+    started = time.perf_counter()
+    try:
+        decision = core.router.route(route_req)
+    except NoRouteError as exc:
+        if route_req.model not in core.models:
+            raise GatewayError(404, f"The model `{route_req.model}` does not exist.", "invalid_request_error",
+                               code="model_not_found", param="model") from None
+        raise GatewayError(503, f"no healthy worker: {exc}", "service_unavailable", code="no_healthy_worker",
+                           retry_after_s=1) from None
+    except (ValueError, TypeError) as exc:  # e.g. a chat template that rejects the messages
+        raise GatewayError(400, f"cannot tokenize the request: {exc}", param="messages") from None
+    core.metrics.decision_seconds.observe(time.perf_counter() - started)
+    return decision
+
+
+def _priority(request: Request) -> int | None:
+    value = request.headers.get("x-priority")
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise GatewayError(400, "X-Priority must be an integer", param="X-Priority") from None
+
+
+def _parse_body(raw: bytes, kind: str) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise GatewayError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, "request body must be a JSON object")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise GatewayError(400, "model is required and must be a string", param="model")
+    if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
+        raise GatewayError(400, "stream must be a boolean", param="stream")
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise GatewayError(400, "messages must be a non-empty list of message objects", param="messages")
+    else:
+        prompt = body.get("prompt")
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt)):
+            raise GatewayError(400, "prompt must be a string or a non-empty list", param="prompt")
+    return body
+
+
+async def _observed(core: GatewayCore, session: Session, stream, tenant: str):
+    try:
+        async for data in stream:
+            yield data
+    finally:
+        _finish(core, session, tenant)
+
+
+def _finish(core: GatewayCore, session: Session, tenant: str) -> None:
+    req, m = session.req, core.metrics
+    status = "200" if session.done else "499" if session.finish_reason is None else "200"
+    m.requests.labels(tenant=tenant, model=req.model, status=status).inc()
+    m.e2e.labels(model=req.model).observe(time.monotonic() - req.started_s)
+    usage = session._final_usage() or {}
+    if usage:
+        m.prompt_tokens.labels(tenant=tenant, model=req.model).inc(usage.get("prompt_tokens", 0))
+        m.completion_tokens.labels(tenant=tenant, model=req.model).inc(usage.get("completion_tokens", 0))
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        m.cached_tokens.labels(tenant=tenant, model=req.model).inc(cached)
+        if session.failovers == 0 and len(session.tried) == 1 and req.predicted_cached_tokens is not None:
+            core.router.record_outcome(req.predicted_cached_tokens, cached)
+            m.predicted_cached.labels(pool=req.pool).inc(req.predicted_cached_tokens)
+            m.reported_cached.labels(pool=req.pool).inc(cached)
+            ratio = core.router.closed_loop.prediction_hit_ratio
+            if ratio is not None:
+                m.prediction_hit_ratio.set(ratio)
+
+
+async def _collect_unless_disconnected(request: Request, session: Session, held) -> dict | None:
+    work = asyncio.ensure_future(session.collect(held))
+    watch = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if work in done:
+        return work.result()
+    work.cancel()
+    await asyncio.gather(work, return_exceptions=True)
+    return None
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def models(request: Request) -> Response:
+    core = _core(request)
+    data = [{"id": pool.model, "object": "model", "created": 0, "owned_by": "kvgate", "pool": name}
+            for name, pool in core.config.pools.items()]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def ready(request: Request) -> Response:
+    """200 when every pool has a worker in rotation; otherwise 503 naming what is missing."""
+    core = _core(request)
+    missing = [f"pool {pool}: no healthy worker" for pool in core.fleet.pools_without_workers()]
+    if missing:
+        return JSONResponse({"status": "not ready", "missing": missing}, status_code=503)
+    return JSONResponse({"status": "ready"})
+
+
+async def metrics(request: Request) -> Response:
+    return Response(_core(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

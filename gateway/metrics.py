@@ -1,0 +1,58 @@
+"""Gateway metrics (prefix `kvgate_`), one registry per app; no API key ever becomes a label."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.2, 0.5, 1.0, 2.5)
+_DECISION_BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("kvgate_requests", "Requests by tenant, model and final HTTP status.",
+                                ["tenant", "model", "status"], registry=r)
+        self.ttft = Histogram("kvgate_time_to_first_token_seconds", "Client-side time to first token.",
+                              ["model"], buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.itl = Histogram("kvgate_inter_token_latency_seconds", "Time between streamed chunks.", ["model"],
+                             buckets=_ITL_BUCKETS_S, registry=r)
+        self.e2e = Histogram("kvgate_e2e_request_latency_seconds", "End-to-end request latency.", ["model"],
+                             buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.attempts = Counter("kvgate_upstream_attempts", "Upstream attempts by worker and outcome.",
+                                ["worker", "outcome"], registry=r)
+        self.retries = Counter("kvgate_upstream_retries", "Retries on another worker.", ["pool"], registry=r)
+        self.budget_refusals = Counter("kvgate_retry_budget_refusals", "Retries refused by the retry budget.",
+                                       ["pool"], registry=r)
+        self.failovers = Counter("kvgate_failovers", "Streams continued on another worker mid-answer.", ["pool"],
+                                 registry=r)
+        self.breaker_state = Gauge("kvgate_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open.",
+                                   ["worker"], registry=r)
+        self.worker_healthy = Gauge("kvgate_worker_healthy", "1 if the worker is in rotation.", ["worker"],
+                                    registry=r)
+        self.ejections = Counter("kvgate_worker_ejections", "Slow-worker ejections.", ["worker"], registry=r)
+        self.prompt_tokens = Counter("kvgate_prompt_tokens", "Prompt tokens (from upstream usage).",
+                                     ["tenant", "model"], registry=r)
+        self.completion_tokens = Counter("kvgate_completion_tokens", "Completion tokens (from upstream usage).",
+                                         ["tenant", "model"], registry=r)
+        self.cached_tokens = Counter("kvgate_cached_tokens", "Prompt tokens served from a worker's prefix cache.",
+                                     ["tenant", "model"], registry=r)
+        self.predicted_cached = Counter("kvgate_router_predicted_cached_tokens",
+                                        "Cached tokens the router expected at the chosen worker.", ["pool"],
+                                        registry=r)
+        self.reported_cached = Counter("kvgate_router_reported_cached_tokens",
+                                       "Cached tokens the chosen worker reported.", ["pool"], registry=r)
+        self.prediction_hit_ratio = Gauge("kvgate_router_prediction_hit_ratio",
+                                          "sum(min(predicted, reported)) / sum(predicted) cached tokens.",
+                                          registry=r)
+        self.decision_seconds = Histogram("kvgate_routing_decision_seconds",
+                                          "Tokenize + key + match + score time per request.",
+                                          buckets=_DECISION_BUCKETS_S, registry=r)
+        self.kv_events = Gauge("kvgate_kv_events_applied", "KV events applied per worker (subscriber).",
+                               ["worker"], registry=r)
+        self.kv_index_blocks = Gauge("kvgate_kv_index_blocks", "Confirmed blocks indexed per worker.",
+                                     ["worker"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

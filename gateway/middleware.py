@@ -1,0 +1,117 @@
+"""Request context (request id, W3C trace context) and size limits, as plain ASGI middleware."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from kvgate.config import LimitsConfig
+from gateway.errors import GatewayError
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_propagator = TraceContextTextMapPropagator()
+tracer = trace.get_tracer("kvgate.gateway")
+
+
+class RequestContextMiddleware:
+    """Gives each request an id (X-Request-Id in, or a new one) and a server span continuing
+    the caller's traceparent; both are echoed on the response (x-request-id, traceparent) and
+    kept in scope['state'] for the proxy to pass upstream."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        incoming = headers.get("x-request-id", "")
+        request_id = incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
+        parent = _propagator.extract(headers)
+        with tracer.start_as_current_span(f"{scope['method']} {scope['path']}", context=parent,
+                                          kind=trace.SpanKind.SERVER) as span:
+            carrier: dict[str, str] = {}
+            _propagator.inject(carrier)
+            state = scope.setdefault("state", {})
+            state["request_id"] = request_id
+            state["trace_headers"] = carrier
+            extra = [(b"x-request-id", request_id.encode())] + [
+                (k.encode(), v.encode()) for k, v in carrier.items()]
+
+            async def send_with_context(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    message["headers"] = list(message.get("headers", [])) + extra
+                    span.set_attribute("http.status_code", message["status"])
+                await send(message)
+
+            await self.app(scope, receive, send_with_context)
+
+
+class LimitsMiddleware:
+    """Header count/size (431) and body size (413) limits, checked before any parsing.
+
+    Bodies are read up to the limit and replayed to the app, so an oversized chunked body is
+    refused as soon as it crosses the limit.
+    """
+
+    def __init__(self, app: ASGIApp, limits: LimitsConfig) -> None:
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        error = self._check_headers(scope["headers"])
+        if error is None and scope["method"] in ("POST", "PUT", "PATCH"):
+            body, error = await self._read_body(scope, receive)
+            if error is None:
+                receive = _replay(body, receive)
+        if error is not None:
+            await error.response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _check_headers(self, headers: list[tuple[bytes, bytes]]) -> GatewayError | None:
+        if len(headers) > self.limits.max_header_count:
+            return GatewayError(431, f"too many request headers (limit {self.limits.max_header_count})")
+        if sum(len(k) + len(v) for k, v in headers) > self.limits.max_header_bytes:
+            return GatewayError(431, f"request headers too large (limit {self.limits.max_header_bytes} bytes)")
+        return None
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> tuple[bytes, GatewayError | None]:
+        limit = self.limits.max_body_bytes
+        too_large = GatewayError(413, f"request body too large (limit {limit} bytes)", code="request_too_large")
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                return b"", too_large
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return b"", GatewayError(400, "client disconnected while sending the body")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return b"", too_large
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks), None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # after the body: disconnect notifications
+
+    return replay

@@ -1,0 +1,343 @@
+"""One client request across upstream attempts: retries before the first byte, failover after.
+
+Before anything reaches the client, a failed attempt is retried on the next ranked candidate
+(within max_retries and the pool's retry budget, with full-jitter backoff). After the stream
+has started, a worker that dies or stalls is replaced mid-answer: the next worker gets the
+prompt plus the text already delivered (completions: appended to the prompt; chat: a partial
+assistant message with continue_final_message) and max_tokens reduced by what was delivered,
+and its chunks are rewritten to carry the first stream's id, so the client sees one stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+from gateway.errors import GatewayError, UpstreamError
+from gateway.sse import DONE, SseEvent, encode_event
+from gateway.upstream import Attempt, open_attempt, read_events, wait_first_progress
+
+if TYPE_CHECKING:
+    from gateway.core import GatewayCore
+
+BACKOFF_BASE_S = 0.025
+BACKOFF_CAP_S = 0.5
+
+
+def full_jitter_backoff_s(retry: int, rng: random.Random) -> float:
+    """AWS "Full Jitter": uniform(0, min(cap, base * 2^retry))."""
+    return rng.uniform(0.0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** retry))
+
+
+@dataclass(slots=True)
+class ProxyRequest:
+    """What the handler learned about the client's request."""
+
+    kind: str  # "chat" or "completion"
+    path: str
+    body: dict[str, Any]
+    model: str
+    pool: str
+    tenant: str
+    request_id: str
+    headers: dict[str, str]
+    client_stream: bool
+    client_include_usage: bool
+    num_prompt_tokens: int | None = None
+    predicted_cached_tokens: int | None = None
+    started_s: float = field(default_factory=time.monotonic)
+
+
+class Session:
+    def __init__(self, core: GatewayCore, req: ProxyRequest, candidates: list[str]) -> None:
+        self.core = core
+        self.req = req
+        self.candidates = candidates
+        self.tried: list[str] = []
+        self.attempt: Attempt | None = None
+        self.attempt_key: str | None = None
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.usage_raw: bytes | None = None
+        self.first_payload: dict[str, Any] | None = None
+        self.failovers = 0
+        self.role_sent = False
+        self.done = False
+        self.first_token_s: float | None = None
+        self.last_token_s: float | None = None
+        self.delivered_tokens_at_failover = 0
+        self._budget = core.budgets[req.pool]
+
+    # -- before the first byte ---------------------------------------------------------------
+
+    async def start(self) -> list[SseEvent]:
+        """Open the stream on the best candidate that answers; events held so far are returned.
+
+        Raises UpstreamError for a non-retryable worker answer (the client gets it as is) and
+        GatewayError when no worker could take the request.
+        """
+        self._budget.record_request()
+        return await self._open_with_retries(self._upstream_body(self.req.body), first=True)
+
+    async def _open_with_retries(self, body: dict[str, Any], first: bool) -> list[SseEvent]:
+        last_error: UpstreamError | None = None
+        for attempt_no in range(self.core.config.upstream.max_retries + 1):
+            worker_id = self._next_candidate()
+            if worker_id is None:
+                break
+            if attempt_no > 0 or not first:
+                if not self._budget.try_spend():
+                    self.core.metrics.budget_refusals.labels(pool=self.req.pool).inc()
+                    break
+                self.core.metrics.retries.labels(pool=self.req.pool).inc()
+                await asyncio.sleep(full_jitter_backoff_s(attempt_no, self.core.rng))
+            try:
+                return await self._try(worker_id, body)
+            except UpstreamError as error:
+                if not error.retryable:
+                    raise
+                last_error = error
+        reason = f" (last error: {last_error})" if last_error else ""
+        raise GatewayError(503, f"no worker could serve the request{reason}", "service_unavailable",
+                           code="upstream_unavailable", retry_after_s=1)
+
+    def _next_candidate(self) -> str | None:
+        for worker_id in self.candidates:
+            if worker_id not in self.tried and self.core.fleet.available(worker_id):
+                return worker_id
+        return None
+
+    async def _try(self, worker_id: str, body: dict[str, Any]) -> list[SseEvent]:
+        core = self.core
+        worker = core.fleet.workers[worker_id]
+        self.tried.append(worker_id)
+        worker.breaker.begin_attempt()
+        key = f"{self.req.request_id}#{len(self.tried)}"
+        prefill = self.req.num_prompt_tokens or 0
+        core.router.on_dispatch(worker_id, key, prefill)
+        attempt = None
+        up = core.config.upstream
+        try:
+            attempt = await open_attempt(core.http, worker_id, worker.url + self.req.path, body, self.req.headers,
+                                         up.connect_timeout_s, up.first_byte_timeout_s, up.idle_timeout_s)
+            held = await wait_first_progress(attempt, up.first_byte_timeout_s)
+        except UpstreamError as error:
+            core.router.on_finish(key, 0)
+            core.fleet.record_attempt(worker_id, ok=not error.retryable)
+            if attempt is not None:
+                await attempt.close()
+            raise
+        core.router.on_first_token(key)
+        self.attempt, self.attempt_key = attempt, key
+        return held
+
+    def _upstream_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Always stream from the worker (timeouts, failover and usage work the same for both)."""
+        upstream = dict(body)
+        upstream["stream"] = True
+        options = dict(body.get("stream_options") or {}) if body.get("stream") else {}
+        options["include_usage"] = True
+        upstream["stream_options"] = options
+        return upstream
+
+    # -- after the first byte ----------------------------------------------------------------
+
+    async def stream(self, held: list[SseEvent]) -> AsyncIterator[bytes]:
+        """Bytes for the client: the upstream events (rewritten after a failover), usage, [DONE]."""
+        try:
+            async for data in self._events(held):
+                yield data
+        except GatewayError as error:  # no worker could continue: end the stream with an error
+            yield encode_event(error.body())
+        finally:  # a client that went away is no fault of the worker: record nothing then
+            await self._close_attempt(ok=True if self.done else None)
+        yield DONE
+
+    async def collect(self, held: list[SseEvent]) -> dict[str, Any]:
+        """Run to the end and build a non-streaming OpenAI response."""
+        try:
+            async for _ in self._events(held):
+                pass
+        finally:
+            await self._close_attempt(ok=True if self.done else None)
+        return self._full_response()
+
+    async def _events(self, held: list[SseEvent]) -> AsyncIterator[bytes]:
+        pending = held
+        up = self.core.config.upstream
+        while True:
+            try:
+                for event in pending:
+                    for data in self._process(event):
+                        yield data
+                if self.done:
+                    break
+                assert self.attempt is not None
+                pending = await read_events(self.attempt, up.idle_timeout_s)
+                if self.attempt.eof:
+                    raise UpstreamError("protocol", "stream ended before it finished")
+            except UpstreamError as error:
+                if self.finish_reason is not None:  # only the trailer was lost
+                    self.done = True
+                    break
+                pending = await self._failover(error)
+        if self.req.client_include_usage:
+            usage = self._final_usage()
+            if usage is not None:
+                yield self.usage_raw if (self.failovers == 0 and self.usage_raw) else encode_event(
+                    {**self._envelope(), "choices": [], "usage": usage})
+
+    def _process(self, event: SseEvent) -> list[bytes]:
+        if event.is_done:
+            self.done = True
+            return []
+        payload = event.payload
+        if payload is None:
+            return []
+        if "error" in payload:
+            raise UpstreamError("protocol", f"worker reported an error mid-stream: {payload['error']}")
+        if payload.get("usage"):
+            self.usage = payload["usage"]
+        choices = payload.get("choices") or []
+        if not choices:
+            if payload.get("usage"):
+                self.usage_raw = event.raw
+            return []
+        if self.first_payload is None:
+            self.first_payload = payload
+        choice = choices[0]
+        delta = choice.get("delta")
+        text = (delta or {}).get("content") if delta is not None else choice.get("text")
+        if delta is not None and set(delta) <= {"role", "content"} and not text and choice.get("finish_reason") is None:
+            if self.role_sent:
+                return []  # a continuation's role announcement
+            self.role_sent = True
+        if choice.get("finish_reason") is not None:
+            self.finish_reason = choice["finish_reason"]
+        if text:
+            self._mark_token()
+            self.text += text
+        if self.failovers == 0:
+            return [event.raw]
+        rewritten = {**payload, **self._envelope()}
+        rewritten.pop("usage", None)
+        return [encode_event(rewritten)]
+
+    def _mark_token(self) -> None:
+        now = time.monotonic()
+        metrics, model = self.core.metrics, self.req.model
+        if self.first_token_s is None:
+            self.first_token_s = now
+            metrics.ttft.labels(model=model).observe(now - self.req.started_s)
+        else:
+            metrics.itl.labels(model=model).observe(now - (self.last_token_s or now))
+        self.last_token_s = now
+
+    def _envelope(self) -> dict[str, Any]:
+        first = self.first_payload or {}
+        return {key: first[key] for key in ("id", "object", "created", "model") if key in first}
+
+    # -- failover ----------------------------------------------------------------------------
+
+    async def _failover(self, error: UpstreamError) -> list[SseEvent]:
+        await self._close_attempt(ok=False)
+        self.failovers += 1
+        self.core.metrics.failovers.labels(pool=self.req.pool).inc()
+        delivered = self.core.count_tokens(self.req.model, self.text)
+        self.delivered_tokens_at_failover += delivered - self.delivered_tokens_at_failover
+        body = continuation_body(self.req, self.text, delivered, self.core.encode_text(self.req.model))
+        if body is None:  # the answer had already used its whole max_tokens
+            self.finish_reason, self.done = "length", True
+            return [SseEvent(b"", "", self._synthetic_finish("length"))]
+        self.usage, self.usage_raw = None, None
+        try:
+            return await self._open_with_retries(self._upstream_body(body), first=False)
+        except UpstreamError as failed:
+            raise GatewayError(502, f"worker failed mid-stream ({error}) and the continuation failed: {failed}",
+                               "upstream_error", code="failover_failed") from None
+
+    def _synthetic_finish(self, reason: str) -> dict[str, Any]:
+        choice: dict[str, Any] = ({"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
+                                  if self.req.kind == "chat" else
+                                  {"index": 0, "text": "", "logprobs": None, "finish_reason": reason})
+        return {**self._envelope(), "choices": [choice]}
+
+    async def _close_attempt(self, ok: bool | None) -> None:
+        """Close the current upstream stream; ok None records no outcome (client went away)."""
+        attempt, key = self.attempt, self.attempt_key
+        if attempt is None:
+            return
+        self.attempt = self.attempt_key = None
+        await attempt.close()
+        if key is not None:
+            self.core.router.on_finish(key, (self.usage or {}).get("completion_tokens", 0))
+        if ok is not None:
+            self.core.fleet.record_attempt(attempt.worker_id, ok=ok, first_byte_s=attempt.first_byte_s)
+
+    # -- results -----------------------------------------------------------------------------
+
+    def _final_usage(self) -> dict[str, Any] | None:
+        usage = self.usage
+        if self.failovers == 0 or usage is None:
+            return usage
+        prompt = self.req.num_prompt_tokens or max(0, usage.get("prompt_tokens", 0) - self.delivered_tokens_at_failover)
+        completion = self.delivered_tokens_at_failover + usage.get("completion_tokens", 0)
+        cached = min(prompt, (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
+
+    def _full_response(self) -> dict[str, Any]:
+        first = self.first_payload or {}
+        usage = self._final_usage()
+        if self.req.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": self.text}, "logprobs": None,
+                      "finish_reason": self.finish_reason}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": self.text, "logprobs": None, "finish_reason": self.finish_reason}
+            obj = "text_completion"
+        body = {"id": first.get("id"), "object": obj, "created": first.get("created"),
+                "model": first.get("model", self.req.model), "choices": [choice]}
+        if "system_fingerprint" in first:
+            body["system_fingerprint"] = first["system_fingerprint"]
+        if usage is not None:
+            body["usage"] = usage
+        return body
+
+
+def continuation_body(req: ProxyRequest, delivered_text: str, delivered_tokens: int,
+                      encode) -> dict[str, Any] | None:
+    """The request that continues an answer after delivered_text; None if nothing is left to do."""
+    body = copy.deepcopy(req.body)
+    for key in ("max_completion_tokens", "max_tokens"):
+        if body.get(key) is not None:
+            remaining = int(body[key]) - delivered_tokens
+            if remaining < 1:
+                return None
+            body[key] = remaining
+    if req.kind == "completion":
+        prompt = body["prompt"]
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            body["prompt"] = prompt + delivered_text
+        elif encode is not None:
+            body["prompt"] = list(prompt) + encode(delivered_text)
+        else:
+            return None
+        return body
+    messages = list(body["messages"])
+    last = messages[-1] if messages else {}
+    if body.get("continue_final_message") and last.get("role") == "assistant" and isinstance(last.get("content"), str):
+        messages[-1] = {**last, "content": last["content"] + delivered_text}
+    else:
+        messages.append({"role": "assistant", "content": delivered_text})
+    body["messages"] = messages
+    body["continue_final_message"] = True
+    body["add_generation_prompt"] = False
+    return body

@@ -1,0 +1,117 @@
+"""One attempt at one worker: open a streaming request, then read SSE events with timeouts.
+
+Time to first byte counts until the first event that shows progress (text, a finish reason, usage
+or an error), not just response headers: a worker that answers headers and then hangs is caught
+before anything reaches the client, so the request can still be retried elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import httpx
+
+from gateway.errors import UpstreamError, map_upstream_errors
+from gateway.sse import SseEvent, SseParser
+
+MAX_ERROR_BODY_BYTES = 64 * 1024
+
+
+@dataclass(slots=True)
+class Attempt:
+    """An open upstream stream: events are read from it with read_events()."""
+
+    worker_id: str
+    response: httpx.Response
+    started_s: float
+    chunks: AsyncIterator[bytes]
+    parser: SseParser = field(default_factory=SseParser)
+    first_byte_s: float | None = None
+    eof: bool = False
+
+    async def close(self) -> None:
+        await self.response.aclose()
+
+
+async def open_attempt(http: httpx.AsyncClient, worker_id: str, url: str, body: dict[str, Any],
+                       headers: dict[str, str], connect_timeout_s: float, first_byte_timeout_s: float,
+                       idle_timeout_s: float) -> Attempt:
+    """POST body to url as a stream; raises UpstreamError (status errors carry the worker's body)."""
+    started = time.monotonic()
+    timeout = httpx.Timeout(connect=connect_timeout_s, read=max(first_byte_timeout_s, idle_timeout_s),
+                            write=connect_timeout_s, pool=connect_timeout_s)
+    request = http.build_request("POST", url, json=body, headers=headers, timeout=timeout)
+    try:
+        with map_upstream_errors("headers"):
+            response = await asyncio.wait_for(http.send(request, stream=True), first_byte_timeout_s)
+    except asyncio.TimeoutError:
+        raise UpstreamError("first_byte_timeout", f"no response within {first_byte_timeout_s} s") from None
+    if response.status_code != 200:
+        try:
+            with map_upstream_errors("error body"):
+                content = await asyncio.wait_for(_read_limited(response), idle_timeout_s)
+        except (UpstreamError, asyncio.TimeoutError):
+            content = b""
+        finally:
+            await response.aclose()
+        raise UpstreamError("status", f"worker answered {response.status_code}", response.status_code, content)
+    return Attempt(worker_id, response, started, response.aiter_raw())
+
+
+async def _read_limited(response: httpx.Response) -> bytes:
+    data = b""
+    async for chunk in response.aiter_raw():
+        data += chunk
+        if len(data) >= MAX_ERROR_BODY_BYTES:
+            break
+    return data[:MAX_ERROR_BODY_BYTES]
+
+
+async def read_events(attempt: Attempt, timeout_s: float) -> list[SseEvent]:
+    """The next complete events; [] with attempt.eof set at the end of the stream."""
+    while True:
+        try:
+            with map_upstream_errors("a chunk"):
+                chunk = await asyncio.wait_for(attempt.chunks.__anext__(), timeout_s)
+        except StopAsyncIteration:
+            attempt.eof = True
+            return []
+        except asyncio.TimeoutError:
+            raise UpstreamError("idle_timeout", f"no data for {timeout_s} s") from None
+        events = attempt.parser.feed(chunk)
+        if events:
+            return events
+
+
+def shows_progress(event: SseEvent) -> bool:
+    """True for an event other than a bare role announcement: text, finish, usage, error or DONE."""
+    payload = event.payload
+    if payload is None:
+        return True
+    if "error" in payload or payload.get("usage"):
+        return True
+    for choice in payload.get("choices") or ():
+        if choice.get("finish_reason") is not None:
+            return True
+        if choice.get("text") or (choice.get("delta") or {}).get("content"):
+            return True
+    return False
+
+
+async def wait_first_progress(attempt: Attempt, first_byte_timeout_s: float) -> list[SseEvent]:
+    """Read until an event shows progress, within first_byte_timeout_s of the attempt's start."""
+    held: list[SseEvent] = []
+    while True:
+        remaining = first_byte_timeout_s - (time.monotonic() - attempt.started_s)
+        if remaining <= 0:
+            raise UpstreamError("first_byte_timeout", f"no first token within {first_byte_timeout_s} s")
+        events = await read_events(attempt, remaining)
+        if attempt.eof:
+            raise UpstreamError("protocol", "stream ended before the first token")
+        held.extend(events)
+        if any(shows_progress(e) for e in events):
+            attempt.first_byte_s = time.monotonic() - attempt.started_s
+            return held

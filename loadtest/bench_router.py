@@ -1,0 +1,164 @@
+"""Router micro-benchmark: decision latency, index size and event apply rate; prints JSON.
+
+Decision = block keys + index lookup + kv_aware scoring + predicted-entry recording, for an
+8,192-token prompt across 64 workers with 1,000,000 indexed blocks. Tokenization is measured
+apart (a small BPE trained here, so absolute numbers differ from a real model's tokenizer).
+Run: .venv/bin/python loadtest/bench_router.py [--blocks 1000000] [--iterations 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import statistics
+import sys
+import time
+
+from router.kv_events import BlockStored
+from router.kv_index import KvIndex
+from router.policy_config import load_policies
+from router.router import Router, WorkerSpec
+from router.tokenization import RoutingTokenizer
+from router.types import RouteRequest
+
+MODEL = "bench-model"
+BLOCK_SIZE = 16
+NUM_WORKERS = 64
+PROMPT_TOKENS = 8192
+BLOCKS_PER_EVENT = 32
+
+
+def percentile_us(samples_s: list[float], q: float) -> float:
+    ordered = sorted(samples_s)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e6
+
+
+def fill_index(router: Router, total_blocks: int, prompt: list[int], rng: random.Random) -> dict:
+    """Each worker gets random sequences; worker i also holds the first 4*i blocks of the prompt."""
+    index = router.index
+    per_worker = total_blocks // NUM_WORKERS
+    events_applied = blocks = 0
+    elapsed_s = 0.0
+    next_hash = 1
+    for w in range(NUM_WORKERS):
+        worker_id = f"w{w}"
+        shared_blocks = min(4 * w, per_worker, PROMPT_TOKENS // BLOCK_SIZE)
+        batches = []
+        if shared_blocks:
+            hashes = list(range(next_hash, next_hash + shared_blocks))
+            next_hash += shared_blocks
+            batches.append(BlockStored(hashes, None, prompt[: shared_blocks * BLOCK_SIZE], BLOCK_SIZE, None, "GPU"))
+        remaining = per_worker - shared_blocks
+        while remaining > 0:
+            n = min(BLOCKS_PER_EVENT, remaining)
+            tokens = [rng.randrange(50_000) for _ in range(n * BLOCK_SIZE)]
+            hashes = list(range(next_hash, next_hash + n))
+            next_hash += n
+            batches.append(BlockStored(hashes, None, tokens, BLOCK_SIZE, None, "GPU"))
+            remaining -= n
+        start = time.perf_counter()
+        events_applied += index.apply(worker_id, batches)
+        elapsed_s += time.perf_counter() - start
+        blocks += sum(len(b.block_hashes) for b in batches)
+    return {"events_per_s": events_applied / elapsed_s, "blocks_per_s": blocks / elapsed_s, "blocks_per_event": BLOCKS_PER_EVENT}
+
+
+def single_block_event_rate(rng: random.Random, num_events: int = 200_000) -> float:
+    """Events/s for one-block BlockStored events chained on a parent (a decode-step pattern)."""
+    index = KvIndex(default_max_blocks=num_events)
+    index.add_worker("w", model_name=MODEL)
+    tokens = [rng.randrange(50_000) for _ in range(num_events * BLOCK_SIZE)]
+    events = [
+        BlockStored([i + 1], i if i else None, tokens[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE], BLOCK_SIZE, None, "GPU")
+        for i in range(num_events)
+    ]
+    start = time.perf_counter()
+    index.apply("w", events)
+    return num_events / (time.perf_counter() - start)
+
+
+def decision_latency(router: Router, prompt: list[int], iterations: int) -> dict:
+    samples: list[float] = []
+    for i in range(iterations):
+        req = RouteRequest(model=MODEL, prompt=prompt, request_id=str(i))
+        start = time.perf_counter()
+        router.route(req)
+        samples.append(time.perf_counter() - start)
+    return {"p50_us": percentile_us(samples, 0.5), "p99_us": percentile_us(samples, 0.99),
+            "mean_us": statistics.fmean(samples) * 1e6, "iterations": iterations}
+
+
+def tokenization_latency(iterations: int) -> dict:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    words = [f"word{i}" for i in range(2000)] + ["the", "cache", "router", "block", "prefix"]
+    corpus = [" ".join(random.Random(i).choices(words, k=200)) for i in range(200)]
+    trainer = trainers.BpeTrainer(vocab_size=4000, special_tokens=["<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
+    template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+                "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    cached = RoutingTokenizer(tokenizer, template)
+    uncached = RoutingTokenizer(tokenizer, template, prefix_cache_entries=0)
+    rng = random.Random(1)
+    messages: list[dict] = []
+    while len(uncached.encode_chat(messages or [{"role": "user", "content": ""}])) < PROMPT_TOKENS:
+        messages.append({"role": "user" if len(messages) % 2 == 0 else "assistant", "content": " ".join(rng.choices(words, k=150))})
+    if messages[-1]["role"] != "user":
+        messages.append({"role": "user", "content": "and?"})
+    full_samples, cached_samples = [], []
+    for i in range(iterations):
+        turn = messages + [{"role": "assistant", "content": f"reply {i}"}, {"role": "user", "content": f"next {i}"}]
+        start = time.perf_counter()
+        uncached.encode_chat(turn)
+        full_samples.append(time.perf_counter() - start)
+        cached.encode_chat(messages)  # the previous turn, as a session would have sent it
+        start = time.perf_counter()
+        cached.encode_chat(turn)
+        cached_samples.append(time.perf_counter() - start)
+    return {
+        "prompt_tokens": len(uncached.encode_chat(messages)),
+        "full_encode_p50_us": percentile_us(full_samples, 0.5),
+        "full_encode_p99_us": percentile_us(full_samples, 0.99),
+        "prefix_cached_p50_us": percentile_us(cached_samples, 0.5),
+        "prefix_cached_p99_us": percentile_us(cached_samples, 0.99),
+        "note": "small BPE trained in the benchmark, not a production tokenizer",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--blocks", type=int, default=1_000_000)
+    parser.add_argument("--iterations", type=int, default=2000)
+    args = parser.parse_args()
+    rng = random.Random(0)
+    prompt = [rng.randrange(50_000) for _ in range(PROMPT_TOKENS)]
+    pools = {"main": [WorkerSpec(f"w{i}", MODEL, BLOCK_SIZE, num_blocks=args.blocks) for i in range(NUM_WORKERS)]}
+    router = Router(pools, load_policies("rules: [{name: default, pool: main}]"), rng=random.Random(0))
+    rss_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    apply_rate = fill_index(router, args.blocks, prompt, rng)
+    rss_after_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    stats = router.index.stats()
+    indexed = sum(stats.blocks_per_worker.values())
+    result = {
+        "python": sys.version.split()[0],
+        "workers": NUM_WORKERS,
+        "indexed_blocks": indexed,
+        "prompt_tokens": PROMPT_TOKENS,
+        "block_size": BLOCK_SIZE,
+        "decision": decision_latency(router, prompt, args.iterations),
+        "index_approx_bytes_per_block": stats.approx_bytes / indexed,
+        "index_rss_growth_bytes_per_block": (rss_after_kib - rss_before_kib) * 1024 / indexed,
+        "apply_multi_block_events": apply_rate,
+        "apply_single_block_events_per_s": single_block_event_rate(rng),
+        "tokenization": tokenization_latency(max(20, args.iterations // 20)),
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""`kvgate bench ARGS...` / `python -m loadtest ARGS...`: run, fleet and report subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Sequence
+
+from loadtest.driver import DriverConfig
+from loadtest.faults import parse_fault
+from loadtest.oracle import oracle_hit_rate
+from loadtest.report import comparison_table, load_result, write_benchmarks_section, write_report, write_result
+from loadtest.runner import RunPlan, execute
+from loadtest.slo import Slo
+from loadtest.workloads import WORKLOADS, build_workload
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvgate bench", description="kvgate load tests and benchmarks.")
+    sub = parser.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
+    run = sub.add_parser("run", help="one workload against an OpenAI-compatible URL")
+    run.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000/v1")
+    run.add_argument("--api-key", help="sent as `Authorization: Bearer KEY`")
+    run.add_argument("--model", required=True, help="the `model` field to send")
+    run.add_argument("--name", default="run", help="name of this run in reports (default: run)")
+    fleet = sub.add_parser("fleet", help="start sim workers, compare routing policies (and external routers)")
+    fleet.add_argument("--workers", type=int, default=4, help="number of sim workers (default: 4)")
+    fleet.add_argument("--policies", default="round_robin,kv_aware", help="comma-separated policy types ('' for none)")
+    fleet.add_argument("--external", action="append", default=[], metavar="NAME=URL",
+                       help="also run through another router at URL (repeatable)")
+    fleet.add_argument("--api-key", help="API key for --external routers")
+    fleet.add_argument("--model", help="model name to send (default: what the workers serve)")
+    fleet.add_argument("--fault", action="append", default=[], metavar="SPEC",
+                       help="e.g. kill:w1@10, slow:w1@5-15:delay_ms=500, error:w2@5-15:fraction=0.5, redis@10")
+    fleet.add_argument("--worker-model", default="default", help="--model for each worker (default: default)")
+    fleet.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
+                       help="extra `kvgate worker` argument (repeatable), e.g. --worker-arg=--num-blocks=512")
+    fleet.add_argument("--base-port", type=int, help="fixed ports from here (see loadtest/fleet.py)")
+    fleet.add_argument("--gateway-command", default=None, help="gateway command (default: python -m kvgate gateway)")
+    fleet.add_argument("--bench-doc", metavar="NAME", help="also write section NAME of --doc from the results")
+    fleet.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
+    for p in (run, fleet):
+        _add_workload_args(p)
+        _add_load_args(p)
+        p.add_argument("--out", type=Path, required=True, help="directory for result JSON, report.md and PNGs")
+    report = sub.add_parser("report", help="regenerate report.md + plots (and a docs section) from result files")
+    report.add_argument("results", nargs="+", type=Path, help="result JSON files")
+    report.add_argument("--out", type=Path, required=True)
+    report.add_argument("--title", default="kvgate load test")
+    report.add_argument("--bench-doc", metavar="NAME", help="write section NAME of --doc from these results")
+    report.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
+    return parser
+
+
+def _add_workload_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="workload parameter, e.g. num_users=32 (repeatable)")
+    p.add_argument("--trace", help="Mooncake JSONL file (trace_replay; same as --param path=FILE)")
+    p.add_argument("--oracle-block-size", type=int, default=16, help="tokens per block for the oracle")
+
+
+def _add_load_args(p: argparse.ArgumentParser) -> None:
+    loop = p.add_mutually_exclusive_group()
+    loop.add_argument("--rate", type=float, help="open loop: mean arrivals per second")
+    loop.add_argument("--concurrency", type=int, help="closed loop: requests in flight")
+    p.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson")
+    p.add_argument("--arrival-cv", type=float, default=1.0, help="gamma arrivals: coefficient of variation")
+    p.add_argument("--duration-s", type=float, default=60.0, help="stop issuing after this (default: 60)")
+    p.add_argument("--max-requests", type=int, help="stop after this many requests")
+    p.add_argument("--request-timeout-s", type=float, default=300.0)
+    p.add_argument("--drain-timeout-s", type=float, default=30.0)
+    p.add_argument("--slo-ttft-ms", type=float)
+    p.add_argument("--slo-tpot-ms", type=float)
+    p.add_argument("--slo-e2e-ms", type=float)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point for `kvgate bench`: args.args holds the arguments after `bench`."""
+    return main(list(args.args))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        handler = {"run": _run_one, "fleet": _run_fleet, "report": _report}[args.subcommand]
+        return handler(args, _command(argv))
+    except (ValueError, RuntimeError, OSError) as exc:
+        print(f"kvgate bench: {exc}", file=sys.stderr)
+        return 2
+
+
+def _command(argv: Sequence[str]) -> str:
+    shown, hide = [], False
+    for arg in argv:
+        shown.append("***" if hide else ("--api-key=***" if arg.startswith("--api-key=") else arg))
+        hide = arg == "--api-key"
+    return "kvgate bench " + shlex.join(shown)
+
+
+def _plan_parts(args: argparse.Namespace, base_url: str, model: str) -> tuple[list, RunPlan]:
+    params = dict(kv.split("=", 1) for kv in args.param)
+    if args.trace:
+        params["path"] = args.trace
+    workload_config, specs = build_workload(args.workload, args.seed, params)
+    oracle = oracle_hit_rate(specs[:args.max_requests] if args.max_requests else specs, args.oracle_block_size)
+    driver = DriverConfig(base_url=base_url, model=model, api_key=args.api_key, rate_rps=args.rate,
+                          concurrency=args.concurrency, arrival=args.arrival, arrival_cv=args.arrival_cv,
+                          seed=args.seed, duration_s=args.duration_s, max_requests=args.max_requests,
+                          request_timeout_s=args.request_timeout_s, drain_timeout_s=args.drain_timeout_s,
+                          progress=not args.no_progress)
+    config = {"workload": args.workload, "workload_config": asdict(workload_config), "seed": args.seed,
+              "num_specs": len(specs)}
+    plan = RunPlan(name=getattr(args, "name", "run"), driver=driver,
+                   slo=Slo(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_e2e_ms), config=config,
+                   oracle={"hit_rate": oracle.hit_rate, "block_size_tokens": args.oracle_block_size,
+                           "prompt_tokens": oracle.prompt_tokens, "shared_tokens": oracle.shared_tokens})
+    return specs, plan
+
+
+def _run_one(args: argparse.Namespace, command: str) -> int:
+    specs, plan = _plan_parts(args, args.url, args.model)
+    result = execute(specs, dataclasses.replace(plan, command=command))
+    _finish([result], args.out, None, None, command)
+    return 0
+
+
+def _run_fleet(args: argparse.Namespace, command: str) -> int:
+    from loadtest.fleet import FleetConfig, run_fleet
+
+    specs, plan = _plan_parts(args, "", args.model or "")
+    externals = tuple(tuple(e.split("=", 1)) for e in args.external)
+    if any(len(e) != 2 for e in externals):
+        raise ValueError("--external takes NAME=URL")
+    extra = {"gateway_command": tuple(shlex.split(args.gateway_command))} if args.gateway_command else {}
+    config = FleetConfig(work_dir=args.out / "fleet", num_workers=args.workers,
+                         policies=tuple(p for p in args.policies.split(",") if p), externals=externals,
+                         faults=tuple(parse_fault(f) for f in args.fault), worker_model=args.worker_model,
+                         worker_args=tuple(args.worker_arg), base_port=args.base_port, **extra)
+    plan = dataclasses.replace(plan, command=command)
+    results = run_fleet(config, specs, plan, on_result=lambda r: write_result(args.out / f"{r['name']}.json", r))
+    _finish(results, args.out, args.bench_doc, args.doc, command)
+    return 0
+
+
+def _report(args: argparse.Namespace, command: str) -> int:
+    results = [load_result(path) for path in args.results]
+    _finish(results, args.out, args.bench_doc, args.doc, results[0].get("command") or command, args.title)
+    return 0
+
+
+def _finish(results: list[dict[str, Any]], out: Path, bench_doc: str | None, doc: Path | None, command: str,
+            title: str = "kvgate load test") -> None:
+    for result in results:
+        write_result(out / f"{result['name']}.json", result)
+    report = write_report(results, out, title)
+    if bench_doc and doc is not None:
+        write_benchmarks_section(doc, bench_doc, results, command)
+    print(comparison_table(results))
+    print(f"\nreport: {report}")
+

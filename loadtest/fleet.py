@@ -1,0 +1,208 @@
+"""Fleet runs: a fresh fleet of sim workers per run, a gateway per routing policy (or an external router),
+the same workload through each, optional fault scenarios; one result per run.
+
+Ports: free ones, or from --base-port B: worker i on B+i, its KV events on B+N+2i (replay +1),
+its fault proxy on B+3N+i, the gateway on B+4N, redis on B+4N+1 (external routers can then be
+configured against fixed worker URLs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import httpx
+import yaml
+
+from loadtest.faults import FaultActions, FaultSpec, set_proxy_fault, shutdown_redis
+from loadtest.procs import ChildProcess, free_port
+from loadtest.runner import RunPlan, execute
+from loadtest.types import RequestSpec
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """The fleet to start, the policies and external routers to compare, and the faults to inject."""
+
+    work_dir: Path
+    num_workers: int = 4
+    policies: tuple[str, ...] = ("round_robin", "kv_aware")
+    externals: tuple[tuple[str, str], ...] = ()
+    faults: tuple[FaultSpec, ...] = ()
+    worker_model: str = "default"
+    worker_args: tuple[str, ...] = ()
+    worker_command: tuple[str, ...] = (sys.executable, "-m", "kvgate", "worker")
+    gateway_command: tuple[str, ...] = (sys.executable, "-m", "kvgate", "gateway")
+    base_port: int | None = None
+    health_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1:
+            raise ValueError("--workers must be >= 1")
+        if not self.policies and not self.externals:
+            raise ValueError("give at least one policy or --external router")
+        names = [f"w{i}" for i in range(self.num_workers)]
+        for fault in self.faults:
+            if fault.target is not None and fault.target not in names:
+                raise ValueError(f"fault target {fault.target!r} is not one of {', '.join(names)}")
+
+    def port(self, offset: int) -> int | None:
+        return None if self.base_port is None else self.base_port + offset
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerEndpoint:
+    """Where one worker listens: its own URL, the URL routers should use (a fault proxy or itself), KV events."""
+
+    name: str
+    url: str
+    route_url: str
+    kv_events_endpoint: str
+
+
+class Fleet:
+    """Sim workers (+ fault proxies, + a redis-server when a scenario stops Redis) for one run."""
+
+    def __init__(self, config: FleetConfig, run_dir: Path) -> None:
+        self.config, self.run_dir = config, run_dir
+        self.children: dict[str, ChildProcess] = {}
+        self.endpoints: list[WorkerEndpoint] = []
+        self.redis_port: int | None = None
+
+    def __enter__(self) -> "Fleet":
+        try:
+            self._start_workers()
+            self._start_proxies()
+            if any(f.kind == "redis" for f in self.config.faults):
+                self._start_redis()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _start_workers(self) -> None:
+        n = self.config.num_workers
+        for i in range(n):
+            name, port = f"w{i}", self.config.port(i) or free_port()
+            kv_port = self.config.port(n + 2 * i) or free_port(pair=True)
+            endpoint = f"tcp://127.0.0.1:{kv_port}"
+            argv = [*self.config.worker_command, "--model", self.config.worker_model, "--executor", "sim",
+                    "--port", str(port), "--kv-events-endpoint", endpoint, "--worker-id", name,
+                    *self.config.worker_args]
+            url = f"http://127.0.0.1:{port}"
+            self._start(name, argv, f"{url}/health")
+            self.endpoints.append(WorkerEndpoint(name, url, url, endpoint))
+        for name in self.worker_names:
+            self.children[name].wait_healthy(self.config.health_timeout_s)
+
+    def _start_proxies(self) -> None:
+        targets = {f.target for f in self.config.faults if f.needs_proxy}
+        for i, ep in enumerate(self.endpoints):
+            if ep.name in targets:
+                port = self.config.port(3 * self.config.num_workers + i) or free_port()
+                proxy_url = f"http://127.0.0.1:{port}"
+                argv = [sys.executable, "-m", "loadtest.fault_proxy", "--upstream", ep.url, "--port", str(port)]
+                self._start(f"proxy-{ep.name}", argv, f"{proxy_url}/health").wait_healthy(self.config.health_timeout_s)
+                self.endpoints[i] = dataclasses.replace(ep, route_url=proxy_url)
+
+    def _start_redis(self) -> None:
+        self.redis_port = self.config.port(4 * self.config.num_workers + 1) or free_port()
+        argv = ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no"]
+        redis = self._start("redis", argv, None)
+        redis.wait_healthy(5.0)
+
+    def _start(self, name: str, argv: Sequence[str], health_url: str | None, env: dict[str, str] | None = None
+               ) -> ChildProcess:
+        child = ChildProcess(name, argv, self.run_dir / "logs" / f"{name}.log", health_url, env)
+        self.children[name] = child
+        return child
+
+    @property
+    def worker_names(self) -> list[str]:
+        return [ep.name for ep in self.endpoints]
+
+    def served_model(self) -> str:
+        """The model name the first worker serves (from its /v1/models)."""
+        data = httpx.get(f"{self.endpoints[0].url}/v1/models", timeout=10.0).json()
+        return data["data"][0]["id"]
+
+    def gateway_config(self, policy: str, port: int, model: str) -> dict[str, Any]:
+        """A kvgate YAML config (see kvgate/config/schema.py) routing the one pool with `policy`."""
+        workers = [{"name": ep.name, "url": ep.route_url, "kv_events_endpoint": ep.kv_events_endpoint}
+                   for ep in self.endpoints]
+        tokenizer = "default" if self.config.worker_model == "default" else self.config.worker_model
+        config: dict[str, Any] = {
+            "gateway": {"host": "127.0.0.1", "port": port},
+            "auth": {"keys": [], "dev_key_env": "KVGATE_API_KEY", "dev_tenant": "dev"},
+            "pools": {"default": {"model": model, "tokenizer": tokenizer,
+                                  "policy": {"type": policy, "parameters": {}}, "workers": workers}}}
+        if self.redis_port is not None:
+            config["redis"] = {"url": f"redis://127.0.0.1:{self.redis_port}/0"}
+        return config
+
+    def start_gateway(self, policy: str, model: str, api_key: str) -> str:
+        """Write the config for `policy`, start the gateway on it, wait for /health; returns its URL."""
+        port = self.config.port(4 * self.config.num_workers) or free_port()
+        path = self.run_dir / f"gateway-{policy}.yaml"
+        path.write_text(yaml.safe_dump(self.gateway_config(policy, port, model), sort_keys=False))
+        argv = [*self.config.gateway_command, "--config", str(path), "--port", str(port)]
+        url = f"http://127.0.0.1:{port}"
+        self._start("gateway", argv, f"{url}/health", {"KVGATE_API_KEY": api_key}) \
+            .wait_healthy(self.config.health_timeout_s)
+        return url
+
+    def actions(self) -> FaultActions:
+        proxies = {ep.name: ep.route_url for ep in self.endpoints if ep.route_url != ep.url}
+        return FaultActions(kill_worker=lambda name: self.children[name].kill(),
+                            set_proxy_fault=lambda name, delay, frac: set_proxy_fault(proxies[name], delay, frac),
+                            stop_redis=lambda: shutdown_redis(self.redis_port) if self.redis_port else None)
+
+    def stop(self) -> None:
+        for child in reversed(list(self.children.values())):
+            child.stop()
+
+
+def run_fleet(config: FleetConfig, specs: Sequence[RequestSpec], plan: RunPlan,
+              on_result: Callable[[dict[str, Any]], None] = lambda result: None) -> list[dict[str, Any]]:
+    """One run per policy (through a kvgate gateway) and per external router, each on a fresh fleet."""
+    targets = [(policy, None) for policy in config.policies] + list(config.externals)
+    results = []
+    for name, external_url in targets:
+        with Fleet(config, config.work_dir / name) as fleet:
+            result = _one_run(fleet, name, external_url, specs, plan)
+        on_result(result)
+        results.append(result)
+    return results
+
+
+def _one_run(fleet: Fleet, name: str, external_url: str | None, specs: Sequence[RequestSpec],
+             plan: RunPlan) -> dict[str, Any]:
+    model = plan.driver.model or fleet.served_model()
+    api_key = plan.driver.api_key
+    if external_url is None:
+        api_key = f"kvgate-bench-{secrets.token_hex(8)}"
+        base_url = fleet.start_gateway(name, model, api_key)
+    else:
+        base_url = external_url.rstrip("/")
+    driver = dataclasses.replace(plan.driver, base_url=base_url, model=model, api_key=api_key)
+    fleet_json = {"num_workers": fleet.config.num_workers, "worker_model": fleet.config.worker_model,
+                  "worker_args": list(fleet.config.worker_args), "executor": "sim",
+                  "router": "external" if external_url else "kvgate", "policy": None if external_url else name}
+    metrics_url = None if external_url else f"{_origin(base_url)}/metrics"
+    run_plan = dataclasses.replace(plan, name=name, driver=driver, config={**plan.config, "fleet": fleet_json},
+                                   workers=tuple(fleet.worker_names), faults=fleet.config.faults,
+                                   actions=fleet.actions() if fleet.config.faults else None, metrics_url=metrics_url)
+    return execute(specs, run_plan)
+
+
+def _origin(url: str) -> str:
+    parsed = httpx.URL(url)
+    return f"{parsed.scheme}://{parsed.host}:{parsed.port}" if parsed.port else f"{parsed.scheme}://{parsed.host}"

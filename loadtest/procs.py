@@ -1,0 +1,93 @@
+"""Child processes for fleet runs: start in their own session, log to a file, wait for /health, stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import httpx
+
+
+class ChildProcess:
+    """One child (worker, gateway, proxy, redis) that this run started; stop() ends it and its group."""
+
+    def __init__(self, name: str, argv: Sequence[str], log_path: Path, health_url: str | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.name, self.argv, self.log_path, self.health_url = name, list(argv), log_path, health_url
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = log_path.open("ab")
+        self.popen = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      start_new_session=True, env={**os.environ, **(env or {})})
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        """Poll health_url until it answers 200; raise with the log's tail if the child dies or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive:
+                raise RuntimeError(f"{self.name} exited with {self.popen.returncode}:\n{self.log_tail()}")
+            if self.health_url is None or _answers(self.health_url):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} not healthy after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send sig to this child only (e.g. SIGKILL for a crash)."""
+        if self.alive:
+            self.popen.send_signal(sig)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """SIGTERM the child's own process group, then SIGKILL it if it lingers."""
+        if self.alive:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self.popen.wait(timeout_s)
+        self._log.close()
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.popen.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def log_tail(self, num_lines: int = 20) -> str:
+        self._log.flush()
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def free_port(pair: bool = False) -> int:
+    """A free TCP port on 127.0.0.1; with pair=True, one whose next port is free too (ZMQ PUB + replay)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if not pair or _is_free(port + 1):
+            return port
+    raise RuntimeError("no free port pair found")
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

@@ -1,0 +1,65 @@
+"""A fleet for gateway tests: real tiny-model workers and a real gateway, all on loopback."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from tests.processes import gateway_process, running, worker_process
+from tests.worker.conftest import build_model_dir
+
+API_KEY = "test-key"
+MODEL = "tiny"
+BLOCK_SIZE = 8
+
+
+@pytest.fixture(scope="session")
+def gateway_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Speaks only plain words, so mid-stream failover can continue from the delivered text exactly."""
+    return build_model_dir(tmp_path_factory.mktemp("gateway-tiny-llama"), plain_words=True)
+
+
+def worker_entry(name: str, url: str, **extra) -> dict:
+    return {"name": name, "url": url, "block_size": BLOCK_SIZE, **extra}
+
+
+def gateway_config(workers: list[dict], model_dir: Path | None, **sections) -> dict:
+    config = {
+        "pools": {"default": {"model": MODEL, "workers": workers,
+                              "tokenizer": str(model_dir) if model_dir else None}},
+        "upstream": {"connect_timeout_s": 1.0, "first_byte_timeout_s": 3.0, "idle_timeout_s": 3.0,
+                     "max_retries": 2},
+        "health": {"interval_s": 0.5, "timeout_s": 1.0},
+        "breaker": {"fail_max": 3, "reset_timeout_s": 30.0},
+    }
+    for key, value in sections.items():
+        config[key] = {**config.get(key, {}), **value}
+    return config
+
+
+def start_tiny_worker(stack: ExitStack, model_dir: Path, kv_port: int | None = None):
+    process = worker_process(model_dir, "--block-size", str(BLOCK_SIZE), "--num-blocks", "256",
+                             "--served-model-name", MODEL, kv_events_port=kv_port)
+    return stack.enter_context(running(process))
+
+
+def start_gateway(stack: ExitStack, config: dict, tmp_dir: Path, ready: bool = True):
+    process = gateway_process(config, tmp_dir, api_key=API_KEY)
+    return stack.enter_context(running(process, "/ready" if ready else "/health"))
+
+
+@pytest.fixture(scope="module")
+def fleet(gateway_model_dir, tmp_path_factory):
+    """Two real tiny-model workers (with KV events) behind a real gateway."""
+    tmp = tmp_path_factory.mktemp("fleet")
+    with ExitStack() as stack:
+        from tests.conftest import free_port
+
+        kv_ports = [free_port() for _ in range(2)]
+        workers = [start_tiny_worker(stack, gateway_model_dir, kv_port=p) for p in kv_ports]
+        entries = [worker_entry(f"w{i}", w.url, kv_events_endpoint=f"tcp://127.0.0.1:{p}")
+                   for i, (w, p) in enumerate(zip(workers, kv_ports))]
+        gateway = start_gateway(stack, gateway_config(entries, gateway_model_dir), tmp)
+        yield {"gateway": gateway, "workers": workers}

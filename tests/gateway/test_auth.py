@@ -1,0 +1,73 @@
+"""API-key auth as clients meet it, and the constant-time comparison underneath."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import httpx
+import pytest
+
+from gateway.auth import KeyStore
+from kvgate.config import ApiKeyConfig, AuthConfig
+from kvgate.keys import generate_key, hash_key
+from tests.gateway.conftest import API_KEY, MODEL
+
+BODY = {"model": MODEL, "prompt": "hello", "max_tokens": 1}
+
+
+@pytest.mark.parametrize(
+    ("headers", "query"),
+    [
+        ({}, ""),
+        ({"Authorization": "Bearer wrong-key"}, ""),
+        ({"x-api-key": "wrong-key"}, ""),
+        ({"Authorization": f"Basic {API_KEY}"}, ""),
+        ({"Authorization": API_KEY}, ""),
+        ({"Authorization": "Bearer"}, ""),
+        ({}, f"?api_key={API_KEY}"),
+        ({}, f"?key={API_KEY}"),
+    ],
+    ids=["no-key", "wrong-bearer", "wrong-x-api-key", "basic-scheme", "no-scheme", "empty-bearer",
+         "query-api_key", "query-key"],
+)
+def test_requests_without_a_valid_key_get_401_in_openai_shape(fleet, headers, query):
+    response = httpx.post(f"{fleet['gateway'].url}/v1/completions{query}", json=BODY, headers=headers)
+    assert response.status_code == 401
+    error = response.json()["error"]
+    assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key"
+    assert API_KEY not in response.text
+
+
+@pytest.mark.parametrize("headers", [{"Authorization": f"Bearer {API_KEY}"}, {"x-api-key": API_KEY}],
+                         ids=["bearer", "x-api-key"])
+def test_a_valid_key_is_accepted(fleet, headers):
+    response = httpx.post(f"{fleet['gateway'].url}/v1/completions", json=BODY, headers=headers, timeout=30)
+    assert response.status_code == 200
+
+
+def test_health_and_metrics_need_no_key_and_never_show_one(fleet):
+    url = fleet["gateway"].url
+    assert httpx.get(f"{url}/health").status_code == 200
+    metrics = httpx.get(f"{url}/metrics").text
+    assert API_KEY not in metrics and hash_key(API_KEY) not in metrics
+    assert API_KEY not in fleet["gateway"].output()
+
+
+def test_key_comparison_time_does_not_depend_on_the_key():
+    """Right key, wrong key sharing its hash's first bytes, and a random key: same work each."""
+    keys = [generate_key() for _ in range(200)]
+    store = KeyStore(AuthConfig(keys=tuple(ApiKeyConfig("t", hash_key(k)) for k in keys), dev_key_env=None), {})
+    right = keys[100]
+
+    def timed(key: str) -> float:
+        samples = []
+        for _ in range(300):
+            started = time.perf_counter()
+            store._match_local(hash_key(key).encode())
+            samples.append(time.perf_counter() - started)
+        return statistics.median(samples)
+
+    assert store._match_local(hash_key(right).encode()) == "t"
+    right_s, wrong_s = timed(right), timed("kvg-" + "x" * 43)
+    assert abs(right_s - wrong_s) / max(right_s, wrong_s) < 0.25

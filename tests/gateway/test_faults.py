@@ -1,0 +1,138 @@
+"""Fault handling with real processes: killed, failing and hanging workers behind a real gateway."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from contextlib import ExitStack
+
+import httpx
+import pytest
+
+from tests.conftest import free_port
+from tests.gateway.conftest import (API_KEY, MODEL, gateway_config, start_gateway, start_tiny_worker,
+                                    worker_entry)
+from tests.processes import fake_worker_process, running
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def metric_value(gateway_url: str, name: str, **labels: str) -> float:
+    text = httpx.get(f"{gateway_url}/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def stream_text(response: httpx.Response, on_chunk=None) -> tuple[str, list[dict]]:
+    text, payloads = "", []
+    for line in response.iter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        payload = json.loads(line[6:])
+        payloads.append(payload)
+        if payload.get("choices"):
+            choice = payload["choices"][0]
+            text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+            if on_chunk is not None:
+                on_chunk(len(payloads))
+    return text, payloads
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_worker_killed_mid_stream_client_text_equals_uninterrupted_run(gateway_model_dir, tmp_path, kind):
+    with ExitStack() as stack:
+        workers = [start_tiny_worker(stack, gateway_model_dir) for _ in range(2)]
+        by_name = {f"w{i}": w for i, w in enumerate(workers)}
+        entries = [worker_entry(name, w.url) for name, w in by_name.items()]
+        gateway = start_gateway(stack, gateway_config(entries, gateway_model_dir), tmp_path)
+        if kind == "completion":
+            path, body = "/v1/completions", {"prompt": "Paged attention stores keys and values"}
+        else:
+            path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": "Tell me a story"}]}
+        body = {**body, "model": MODEL, "max_tokens": 300, "temperature": 0, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
+        expected = httpx.post(f"{gateway.url}{path}", json={**body, "stream": False}, headers=AUTH, timeout=60)
+        expected_text = expected.json()["choices"][0]["text" if kind == "completion" else "message"]
+        expected_text = expected_text if kind == "completion" else expected_text["content"]
+
+        with httpx.stream("POST", f"{gateway.url}{path}", json=body, headers=AUTH, timeout=60) as response:
+            victim = by_name[response.headers["x-kvgate-worker"]]
+
+            def kill_after_five(n: int) -> None:
+                if n == 5:
+                    victim.proc.send_signal(signal.SIGKILL)
+
+            text, payloads = stream_text(response, kill_after_five)
+        assert victim.proc.wait(timeout=5) == -signal.SIGKILL
+        assert text == expected_text
+        assert len({p["id"] for p in payloads}) == 1  # one well-formed stream
+        assert payloads[-1]["usage"]["completion_tokens"] == 300
+        assert [p["choices"][0]["finish_reason"] for p in payloads if p.get("choices")][-1] == "length"
+        assert metric_value(gateway.url, "kvgate_failovers_total") == 1
+
+
+def test_breaker_opens_on_a_worker_returning_503_and_no_request_fails(gateway_model_dir, tmp_path):
+    with ExitStack() as stack:
+        bad = stack.enter_context(running(fake_worker_process("status503")))
+        good = start_tiny_worker(stack, gateway_model_dir)
+        entries = [worker_entry("bad", bad.url), worker_entry("good", good.url)]
+        config = gateway_config(entries, gateway_model_dir, upstream={"retry_budget_min_per_s": 5.0})
+        gateway = start_gateway(stack, config, tmp_path)
+        for i in range(12):
+            response = httpx.post(f"{gateway.url}/v1/completions", headers=AUTH, timeout=30,
+                                  json={"model": MODEL, "prompt": f"request number {i}", "max_tokens": 2})
+            assert response.status_code == 200, response.text
+        assert metric_value(gateway.url, "kvgate_breaker_state", worker="bad") == 2  # open
+        assert httpx.get(f"{bad.url}/calls").json()["generate"] <= 3
+
+
+def test_hanging_worker_times_out_before_the_first_byte_and_the_request_is_retried(gateway_model_dir, tmp_path):
+    with ExitStack() as stack:
+        hang = stack.enter_context(running(fake_worker_process("hang_after_headers")))
+        good = start_tiny_worker(stack, gateway_model_dir)
+        entries = [worker_entry("hang", hang.url), worker_entry("good", good.url)]
+        config = gateway_config(entries, gateway_model_dir, upstream={"first_byte_timeout_s": 1.0},
+                                outliers={"enabled": False})
+        config["pools"]["default"]["policy"] = {"type": "round_robin"}
+        gateway = start_gateway(stack, config, tmp_path)
+        slow = 0
+        for i in range(4):
+            started = time.monotonic()
+            response = httpx.post(f"{gateway.url}/v1/completions", headers=AUTH, timeout=30,
+                                  json={"model": MODEL, "prompt": f"hello {i}", "max_tokens": 2, "stream": True})
+            assert response.status_code == 200
+            assert "data: [DONE]" in response.text
+            slow += time.monotonic() - started >= 1.0
+        assert slow >= 1
+        assert metric_value(gateway.url, "kvgate_upstream_attempts_total", worker="hang", outcome="error") == slow
+
+
+def test_with_every_worker_failing_retries_stay_in_budget_and_clients_get_fast_503s(gateway_model_dir, tmp_path):
+    with ExitStack() as stack:
+        fakes = [stack.enter_context(running(fake_worker_process("status503"))) for _ in range(2)]
+        entries = [worker_entry(f"bad{i}", f.url) for i, f in enumerate(fakes)]
+        config = gateway_config(entries, None, breaker={"fail_max": 1000},
+                                upstream={"retry_budget_ratio": 0.1, "retry_budget_min_per_s": 0.2})
+        gateway = start_gateway(stack, config, tmp_path)
+        requests = 50
+        with httpx.Client(headers=AUTH, timeout=10) as client:
+            for i in range(requests):
+                started = time.monotonic()
+                response = client.post(f"{gateway.url}/v1/completions",
+                                       json={"model": MODEL, "prompt": f"p{i}", "max_tokens": 1})
+                assert response.status_code == 503
+                assert response.headers["retry-after"] == "1"
+                assert response.json()["error"]["type"] == "service_unavailable"
+                assert time.monotonic() - started < 2.0
+        calls = sum(httpx.get(f"{f.url}/calls").json()["generate"] for f in fakes)
+        retries = metric_value(gateway.url, "kvgate_upstream_retries_total")
+        assert calls == requests + retries
+        assert retries <= 0.1 * requests + 0.2 * 10
+        assert metric_value(gateway.url, "kvgate_retry_budget_refusals_total") > 0

@@ -1,0 +1,54 @@
+"""Size limits and request validation at the gateway: clear errors before any work is done."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.gateway.conftest import API_KEY, MODEL
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def post(url: str, content: bytes, headers: dict | None = None) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", content=content,
+                      headers={**AUTH, "content-type": "application/json", **(headers or {})}, timeout=30)
+
+
+def test_oversized_body_gets_413(fleet):
+    response = post(fleet["gateway"].url, b'{"model": "tiny", "messages": [{"role": "user", "content": "'
+                    + b"x" * (5 * 1024 * 1024) + b'"}]}')
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+
+
+def test_too_many_headers_get_431(fleet):
+    headers = {f"x-filler-{i}": "1" for i in range(150)}
+    assert post(fleet["gateway"].url, b"{}", headers).status_code == 431
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{not json", "request body is not valid JSON"),
+        (b"[]", "request body must be a JSON object"),
+        (b'{"messages": [{"role": "user", "content": "hi"}]}', "model is required"),
+        (b'{"model": "tiny", "messages": []}', "messages must be a non-empty list"),
+        (b'{"model": "tiny", "messages": "hi"}', "messages must be a non-empty list"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}',
+         "stream must be a boolean"),
+    ],
+    ids=["malformed", "not-object", "no-model", "empty-messages", "messages-string", "stream-not-bool"],
+)
+def test_invalid_requests_get_400_with_a_clear_message(fleet, body, message):
+    response = post(fleet["gateway"].url, body)
+    assert response.status_code == 400
+    assert message in response.json()["error"]["message"]
+
+
+def test_clients_cannot_choose_the_upstream(fleet):
+    body = (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,'
+            b' "base_url": "http://169.254.169.254", "url": "http://example.com"}')
+    response = post(fleet["gateway"].url, body, {"host": "evil.example", "x-forwarded-host": "evil.example"})
+    assert response.status_code == 200
+    assert response.headers["x-kvgate-worker"] in ("w0", "w1")

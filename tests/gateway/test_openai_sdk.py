@@ -1,0 +1,109 @@
+"""The `openai` SDK, unchanged but for base_url, through the gateway to real workers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+
+from tests.gateway.conftest import API_KEY, MODEL
+
+GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture
+def client(fleet):
+    with openai.OpenAI(base_url=f"{fleet['gateway'].url}/v1", api_key=API_KEY, max_retries=0) as c:
+        yield c
+
+
+@pytest.fixture
+def direct(fleet):
+    with openai.OpenAI(base_url=f"{fleet['workers'][0].url}/v1", api_key="unused", max_retries=0) as c:
+        yield c
+
+
+def test_models_lists_the_pools_models(client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_chat_non_streaming_content_equals_the_workers(client, direct):
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    via_gateway = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, **GREEDY)
+    from_worker = direct.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, **GREEDY)
+    assert via_gateway.choices[0].message.content == from_worker.choices[0].message.content
+    assert via_gateway.usage.completion_tokens == 12
+    assert via_gateway.usage.prompt_tokens == from_worker.usage.prompt_tokens
+
+
+def test_chat_streaming_is_passed_through_chunk_by_chunk(client, direct):
+    messages = [{"role": "user", "content": "Tell me about paged attention"}]
+    args = dict(model=MODEL, messages=messages, max_tokens=10, stream=True, stream_options={"include_usage": True},
+                **GREEDY)
+    chunks = list(client.chat.completions.create(**args))
+    direct_chunks = list(direct.chat.completions.create(**args))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "".join(c.choices[0].delta.content or "" for c in direct_chunks if c.choices)
+    assert len(chunks) == len(direct_chunks)
+    assert chunks[-1].usage.completion_tokens == 10
+
+
+def test_completions_streaming_and_not_agree(client):
+    args = dict(model=MODEL, prompt="The quick brown fox", max_tokens=8, **GREEDY)
+    full = client.completions.create(**args)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(**args, stream=True) if c.choices)
+    assert streamed == full.choices[0].text
+    assert full.choices[0].finish_reason == "length"
+
+
+def test_async_client_concurrent_requests(fleet):
+    async def main():
+        async with openai.AsyncOpenAI(base_url=f"{fleet['gateway'].url}/v1", api_key=API_KEY) as aclient:
+            calls = [aclient.completions.create(model=MODEL, prompt=f"Hello world {i}", max_tokens=4, **GREEDY)
+                     for i in range(6)]
+            streamed = await aclient.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True, **GREEDY)
+            chunks = [c async for c in streamed]
+            return await asyncio.gather(*calls), chunks
+
+    results, chunks = asyncio.run(main())
+    assert all(r.usage.completion_tokens == 4 for r in results)
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_repeated_prefix_goes_to_the_worker_that_holds_it(client, fleet):
+    system = "You are a careful assistant. " * 12
+    workers, cached = set(), []
+    for question in ["first question", "second question", "third question"]:
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+            max_tokens=2, **GREEDY)
+        workers.add(raw.headers["x-kvgate-worker"])
+        cached.append(raw.parse().usage.prompt_tokens_details.cached_tokens)
+    assert len(workers) == 1
+    assert cached[0] == 0 and cached[1] > 0 and cached[2] > 0
+
+
+def test_unknown_model_is_404_in_openai_shape(client):
+    with pytest.raises(openai.NotFoundError) as info:
+        client.completions.create(model="gpt-9", prompt="hi", max_tokens=1)
+    assert info.value.body["code"] == "model_not_found"
+
+
+def test_worker_validation_errors_reach_the_client_unchanged(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=0)
+    assert "max_tokens" in info.value.message
+
+
+def test_health_ready_and_metrics(fleet):
+    url = fleet["gateway"].url
+    assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{url}/ready").json() == {"status": "ready"}
+    text = httpx.get(f"{url}/metrics").text
+    for name in ("kvgate_requests_total", "kvgate_time_to_first_token_seconds_bucket", "kvgate_upstream_attempts_total",
+                 "kvgate_breaker_state", "kvgate_e2e_request_latency_seconds_bucket", "kvgate_prompt_tokens_total"):
+        assert name in text, name
+    assert API_KEY not in text

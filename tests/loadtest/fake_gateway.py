@@ -1,0 +1,61 @@
+"""A stand-in for `kvgate gateway` in fleet tests: reads the YAML, round-robins, names the worker it chose.
+
+Only what the fleet loop needs: --config/--port, /health, /metrics, streaming pass-through, x-kvgate-worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+
+import httpx
+import uvicorn
+import yaml
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, StreamingResponse
+from starlette.routing import Route
+
+
+def build_app(config: dict) -> Starlette:
+    workers = config["pools"]["default"]["workers"]
+    turn = itertools.cycle(workers)
+    client = httpx.AsyncClient(timeout=60.0)
+    served = {"count": 0}
+
+    async def forward(request: Request):
+        worker = next(turn)
+        served["count"] += 1
+        upstream = client.build_request("POST", worker["url"] + request.url.path, content=await request.body(),
+                                        headers={"content-type": "application/json"})
+        resp = await client.send(upstream, stream=True)
+        return StreamingResponse(resp.aiter_raw(), status_code=resp.status_code,
+                                 media_type=resp.headers.get("content-type"),
+                                 headers={"x-kvgate-worker": worker["name"],
+                                          "x-kvgate-policy": config["pools"]["default"]["policy"]["type"]})
+
+    async def health(request: Request):
+        return PlainTextResponse("ok")
+
+    async def metrics(request: Request):
+        return PlainTextResponse(f'kvgate_upstream_retries_total{{pool="default"}} {served["count"]}\n')
+
+    return Starlette(routes=[Route("/v1/chat/completions", forward, methods=["POST"]),
+                             Route("/v1/completions", forward, methods=["POST"]),
+                             Route("/health", health), Route("/metrics", metrics)])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    with open(args.config) as f:
+        config = yaml.safe_load(f)
+    uvicorn.run(build_app(config), host="127.0.0.1", port=args.port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

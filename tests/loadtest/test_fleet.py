@@ -1,0 +1,65 @@
+"""Fleet mode: real sim workers, one gateway per policy (a stand-in gateway here), one result per run."""
+
+from __future__ import annotations
+
+import sys
+
+import yaml
+
+from loadtest.driver import DriverConfig
+from loadtest.fleet import FleetConfig, run_fleet
+from loadtest.runner import RunPlan
+from loadtest.workloads import build_workload
+
+FAKE_GATEWAY = (sys.executable, "-m", "tests.loadtest.fake_gateway")
+
+
+def test_fleet_runs_the_workload_once_per_policy_through_a_gateway_over_sim_workers(tmp_path):
+    _, specs = build_workload("multi_tenant_long_prefix", 0, {"num_requests": "6", "prefix_tokens": "200",
+                                                               "output_tokens": "4"})
+    config = FleetConfig(work_dir=tmp_path, num_workers=2, policies=("round_robin", "kv_aware"),
+                         gateway_command=FAKE_GATEWAY, health_timeout_s=60)
+    plan = RunPlan(name="", driver=DriverConfig(base_url="", model="", concurrency=2, progress=False))
+    results = run_fleet(config, specs, plan)
+
+    assert [r["name"] for r in results] == ["round_robin", "kv_aware"]
+    for result in results:
+        summary = result["summary"]
+        assert summary["num_ok"] == 6, summary["errors"]
+        assert summary["workers"]["counts"] == {"w0": 3, "w1": 3}
+        assert summary["prompt_tokens"] > 6 * 200
+        assert result["faults"]["retries"] == 6  # the stand-in counts requests as "retries"
+    written = yaml.safe_load((tmp_path / "kv_aware" / "gateway-kv_aware.yaml").read_text())
+    pool = written["pools"]["default"]
+    assert pool["policy"]["type"] == "kv_aware"
+    assert [w["name"] for w in pool["workers"]] == ["w0", "w1"]
+    assert all(w["kv_events_endpoint"].startswith("tcp://127.0.0.1:") for w in pool["workers"])
+
+
+def test_gateway_config_written_for_a_policy_loads_with_the_kvgate_schema(tmp_path):
+    from kvgate.config import load_config
+    from loadtest.fleet import Fleet, WorkerEndpoint
+
+    fleet = Fleet(FleetConfig(work_dir=tmp_path, num_workers=1), tmp_path)
+    fleet.endpoints = [WorkerEndpoint("w0", "http://127.0.0.1:9001", "http://127.0.0.1:9101", "tcp://127.0.0.1:9201")]
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(fleet.gateway_config("session_affinity", 9300, "SmolLM2-135M-Instruct")))
+    config = load_config(path)
+    pool = config.pools["default"]
+    assert (pool.policy.type, pool.workers[0].url, config.gateway.port) == ("session_affinity", "http://127.0.0.1:9101", 9300)
+
+
+def test_error_fault_through_a_proxy_shows_client_errors_then_recovers(tmp_path):
+    from loadtest.faults import parse_fault
+
+    _, specs = build_workload("low_reuse", 0, {"num_requests": "400", "document_tokens": "50", "output_tokens": "2"})
+    config = FleetConfig(work_dir=tmp_path, num_workers=2, policies=("round_robin",), gateway_command=FAKE_GATEWAY,
+                         faults=(parse_fault("error:w1@0-0.6:fraction=1"),), health_timeout_s=60)
+    plan = RunPlan(name="", driver=DriverConfig(base_url="", model="", concurrency=2, duration_s=1.6, progress=False))
+    (result,) = run_fleet(config, specs, plan)
+
+    faults = result["faults"]
+    assert faults["client_errors"].get("http_503", 0) > 0
+    assert [s["action"] for s in faults["schedule"]] == ["start", "end"]
+    recovery_s = faults["faults"][0]["recovery_s"]
+    assert recovery_s is not None and recovery_s < 0.5

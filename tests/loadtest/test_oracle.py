@@ -1,0 +1,40 @@
+"""The oracle hit rate on hand-made traces (whitespace words as tokens)."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadtest.oracle import oracle_hit_rate, oracle_over_tokens
+from loadtest.types import RequestSpec
+
+
+def _prompts(*texts: str, offsets=None) -> list[RequestSpec]:
+    return [RequestSpec(index=i, kind="completion", max_tokens=1, prompt=t,
+                        arrival_offset_s=None if offsets is None else offsets[i]) for i, t in enumerate(texts)]
+
+
+@pytest.mark.parametrize("prompts, block, shared, total", [
+    (["a b c d", "a b c d"], 1, 4, 8),
+    (["a b c d", "a b x d"], 1, 2, 8),
+    (["a b c d", "a b c d e f"], 2, 4, 10),
+    (["a b c", "a b c"], 2, 2, 6),            # the partial last block is never shared
+    (["a b", "c d", "a b c d"], 1, 2, 8),     # only a prefix counts, not text shared later on
+    (["x y", "a b", "a b"], 1, 2, 6),
+], ids=["identical", "diverges", "blocks-of-two", "partial-block", "prefix-only", "any-earlier"])
+def test_oracle_counts_the_longest_prefix_shared_with_any_earlier_request(prompts, block, shared, total):
+    result = oracle_over_tokens([p.split() for p in prompts], block)
+    assert (result.shared_tokens, result.prompt_tokens) == (shared, total)
+
+
+def test_oracle_hit_rate_is_shared_over_prompt_tokens():
+    result = oracle_hit_rate(_prompts("s s s s q1", "s s s s q2", "s s s s q3"), block_size_tokens=1)
+    assert result.hit_rate == pytest.approx(8 / 15)
+
+
+def test_oracle_replays_in_arrival_order_when_every_request_has_an_arrival_time():
+    specs = _prompts("a b c d", "a b", offsets=[2.0, 1.0])
+    assert oracle_hit_rate(specs, block_size_tokens=1).shared_tokens == 2
+
+
+def test_no_prompts_means_no_hit_rate():
+    assert oracle_hit_rate([], 16).hit_rate is None

@@ -1,0 +1,83 @@
+"""Result files, Markdown + PNG reports, the comparison table, and docs/benchmarks.md sections."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadtest.report import build_result, comparison_table, load_result, write_benchmarks_section, write_report
+from loadtest.report import write_result
+from loadtest.slo import Slo, summarize
+from loadtest.types import RequestRecord
+
+
+def _result(name: str, worker_split=(3, 1)) -> dict:
+    records = [RequestRecord(index=i, scheduled_s=i * 0.5, start_s=i * 0.5, end_s=i * 0.5 + 1.0, status=200,
+                             ttft_ms=100.0 + i, itl_ms=(20.0, 22.0), e2e_ms=1000.0, prompt_tokens=100, output_tokens=3,
+                             cached_tokens=40, headers={"x-kvgate-worker": "w0" if i < worker_split[0] else "w1"})
+               for i in range(sum(worker_split))]
+    summary = summarize(records, 2.0, Slo(ttft_ms=102))
+    return build_result(name, {"slo": {"ttft_ms": 102}}, records, summary, {"hit_rate": 0.8}, "kvgate bench fleet X",
+                        machine="test machine")
+
+
+def test_report_writes_markdown_with_the_comparison_table_and_png_plots(tmp_path):
+    path = write_report([_result("round_robin"), _result("kv_aware", (2, 2))], tmp_path)
+    text = path.read_text()
+    assert "| round_robin | 0.400 | 0.50 |" in text and "| kv_aware |" in text
+    for png in ("ttft_cdf", "itl_cdf", "throughput_over_time", "worker_load", "prefix_hit_rate"):
+        assert (tmp_path / f"{png}.png").read_bytes()[:4] == b"\x89PNG"
+        assert f"({png}.png)" in text
+
+
+def test_comparison_table_shows_load_imbalance_and_goodput():
+    row = comparison_table([_result("p", (3, 1))]).splitlines()[2]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[0] == "p"
+    assert cells[7] == "1.50"   # goodput: TTFTs 100, 101, 102 meet the 102 ms SLO (103 misses): 3 / 2 s
+    assert cells[8] == "1.50"   # max/mean worker load: 3 / 2
+
+
+def test_result_files_round_trip(tmp_path):
+    path = write_result(tmp_path / "r.json", _result("a"))
+    assert load_result(path)["summary"]["num_ok"] == 4
+
+
+DOC = """# Benchmarks
+
+intro
+
+<!-- bench:routing:start -->
+old table
+<!-- bench:routing:end -->
+
+<!-- bench:other:start -->
+keep me
+<!-- bench:other:end -->
+"""
+
+
+def test_benchmarks_section_between_markers_is_rewritten_and_the_rest_kept(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(DOC)
+    write_benchmarks_section(doc, "routing", [_result("kv_aware")], "kvgate bench fleet --workers 4")
+    text = doc.read_text()
+    assert "old table" not in text and "keep me" in text and text.startswith("# Benchmarks\n\nintro\n")
+    section = text.split("<!-- bench:routing:start -->")[1].split("<!-- bench:routing:end -->")[0]
+    assert "Command: `kvgate bench fleet --workers 4`" in section
+    assert "Machine: test machine" in section
+    assert "| kv_aware |" in section
+
+
+def test_a_missing_benchmarks_section_is_appended_once(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n")
+    for _ in range(2):
+        write_benchmarks_section(doc, "new", [_result("a")], "cmd")
+    assert doc.read_text().count("<!-- bench:new:start -->") == 1
+
+
+def test_loading_a_file_that_is_not_a_result_fails(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text("{}")
+    with pytest.raises(ValueError, match="not a kvgate load-test result"):
+        load_result(path)
