@@ -1,0 +1,191 @@
+"""The KV-event contract, checked from both sides.
+
+The subscriber here is written from the wire-format description in docs/architecture.md
+(ZMQ multipart: topic, 8-byte big-endian seq, msgpack [ts, events, dp_rank] with events as maps
+tagged by "type"), not from either side's code. It checks that the worker publishes every
+block it stores and evicts, that replay recovers missed batches, and that the router's keys for
+a request equal the keys carried by the events a real worker publishes after serving it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from contextlib import ExitStack
+
+import msgpack
+import pytest
+import zmq
+
+from router.block_keys import block_keys
+from router.kv_index import KvIndex
+from router.subscriber import KvEventSubscriber
+from router.tokenization import RoutingTokenizer
+from tests.conftest import free_port
+from tests.processes import running, worker_process
+from worker.engine.config import EngineConfig
+from worker.engine.engine import Engine
+from worker.engine.sampling_params import SamplingParams
+from worker.kv_publisher import KVEventPublisher
+
+
+def decode_message(frames: list[bytes]) -> tuple[int, list[dict]]:
+    """(seq, events) from one published message, per the wire description."""
+    topic, seq_frame, payload = frames
+    (seq,) = struct.unpack(">q", seq_frame)
+    ts, events, dp_rank = msgpack.unpackb(payload, raw=False)
+    assert isinstance(ts, float) and isinstance(events, list)
+    return seq, events
+
+
+def apply(cached: set[int], events: list[dict]) -> None:
+    for event in events:
+        kind = event["type"]
+        if kind == "BlockStored":
+            assert len(event["token_ids"]) == event["block_size"] * len(event["block_hashes"])
+            cached.update(event["block_hashes"])
+        elif kind == "BlockRemoved":
+            for block_hash in event["block_hashes"]:
+                cached.remove(block_hash)  # never a removal of something not stored
+        elif kind == "AllBlocksCleared":
+            cached.clear()
+        else:
+            raise AssertionError(f"unknown event type {kind}")
+
+
+class Subscriber:
+    def __init__(self, endpoint: str) -> None:
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.SUB)
+        self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self.socket.connect(endpoint)
+
+    def receive_until_quiet(self, quiet_s: float = 0.5) -> list[tuple[int, list[dict]]]:
+        messages = []
+        while self.socket.poll(int(quiet_s * 1000)):
+            messages.append(decode_message(self.socket.recv_multipart()))
+        return messages
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+        self.context.term()
+
+
+def replay(endpoint: str, start_seq: int) -> list[tuple[int, list[dict]]]:
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.connect(endpoint)
+    dealer.send_multipart([b"", struct.pack(">q", start_seq)])
+    batches = []
+    try:
+        while dealer.poll(5000):
+            frames = dealer.recv_multipart()
+            frames = frames[1:] if frames[0] == b"" else frames
+            (seq,) = struct.unpack(">q", frames[0])
+            if seq == -1:
+                return batches
+            batches.append((seq, msgpack.unpackb(frames[1], raw=False)[1]))
+        raise AssertionError("replay did not end with seq -1")
+    finally:
+        dealer.close(linger=0)
+        context.term()
+
+
+@pytest.fixture
+def engine_with_publisher(tiny_llama_dir):
+    from worker.executor.torch_executor import TorchExecutor
+
+    executor = TorchExecutor.from_pretrained(tiny_llama_dir, block_size=4, num_blocks=24)
+    events: list = []
+    engine = Engine(executor, None, EngineConfig(model_name="tiny", block_size=4, num_blocks=24,
+                                                  max_num_batched_tokens=64), event_sink=events.append)
+    publisher = KVEventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
+    yield engine, events, publisher
+    publisher.close()
+
+
+def run_requests(engine: Engine, events: list, publisher: KVEventPublisher, prompts: list[list[int]]) -> None:
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+        while engine.has_unfinished():
+            engine.step()
+            if events:
+                publisher.publish(list(events))
+                events.clear()
+
+
+PROMPTS = [[(7 * i + j) % 300 + 5 for j in range(10 + 3 * i)] for i in range(12)]
+PROMPTS += [PROMPTS[0] + [9, 9, 9, 9], PROMPTS[3][:8] + [11] * 9]  # shared prefixes: cache hits
+
+
+def test_replaying_published_events_reproduces_the_engines_cached_blocks(engine_with_publisher):
+    engine, events, publisher = engine_with_publisher
+    subscriber = Subscriber(publisher.endpoint)
+    time.sleep(0.3)  # let the SUB connect before anything is published (late joiners use replay)
+    try:
+        run_requests(engine, events, publisher, PROMPTS)
+        messages = subscriber.receive_until_quiet()
+    finally:
+        subscriber.close()
+    seqs = [seq for seq, _ in messages]
+    assert seqs == list(range(len(seqs)))
+    cached: set[int] = set()
+    for _, batch in messages:
+        apply(cached, batch)
+    assert any(e["type"] == "BlockRemoved" for _, batch in messages for e in batch), "the run must evict"
+    assert cached == set(engine.block_manager.cached_block_keys())
+
+
+def test_a_subscriber_that_missed_batches_recovers_them_by_replay(engine_with_publisher):
+    engine, events, publisher = engine_with_publisher
+    run_requests(engine, events, publisher, PROMPTS[:6])  # nobody listening: all missed
+    time.sleep(0.3)
+    batches = replay(publisher.replay_endpoint, 0)
+    assert [seq for seq, _ in batches] == list(range(len(batches)))
+    cached: set[int] = set()
+    for _, batch in batches:
+        apply(cached, batch)
+    assert cached == set(engine.block_manager.cached_block_keys())
+    later = replay(publisher.replay_endpoint, 2)
+    assert [seq for seq, _ in later] == list(range(2, len(batches)))
+
+
+def test_router_keys_for_a_chat_equal_the_keys_a_real_worker_publishes(tiny_llama_dir):
+    """End to end across processes: a real worker serves a chat; the router's subscriber
+    indexes its events; the router's own keys for that chat are all found at that worker."""
+    block_size = 4
+    messages = [{"role": "system", "content": "You are a careful assistant."},
+                {"role": "user", "content": "What is the capital of France?"}]
+    kv_port = free_port()
+    tokenizer = RoutingTokenizer.from_dir(tiny_llama_dir)
+    token_ids = tokenizer.encode_chat(messages)
+    router_keys = block_keys(token_ids, block_size, "tiny")
+    assert len(router_keys) >= 4
+
+    async def scenario(url: str) -> dict[str, tuple[int, int]]:
+        import httpx
+
+        index = KvIndex()
+        index.add_worker("w0", model_name="tiny")
+        subscriber = KvEventSubscriber("w0", index, f"tcp://127.0.0.1:{kv_port}",
+                                       replay_endpoint=f"tcp://127.0.0.1:{kv_port + 1}")
+        subscriber.start()
+        await asyncio.sleep(0.3)
+        async with httpx.AsyncClient(timeout=60) as client:
+            response = await client.post(f"{url}/v1/chat/completions", json={
+                "model": "tiny", "messages": messages, "max_tokens": 3, "temperature": 0, "return_token_ids": True})
+            assert response.json()["prompt_token_ids"] == token_ids  # router and worker tokenize alike
+        for _ in range(50):
+            if index.match(router_keys).get("w0", (0, 0))[0] >= len(router_keys):
+                break
+            await asyncio.sleep(0.05)
+        await subscriber.stop()
+        return index.match(router_keys)
+
+    with ExitStack() as stack:
+        worker = stack.enter_context(running(worker_process(
+            tiny_llama_dir, "--block-size", str(block_size), "--served-model-name", "tiny", kv_events_port=kv_port)))
+        match = asyncio.run(scenario(worker.url))
+    confirmed, _ = match["w0"]
+    assert confirmed == len(router_keys)  # every full prompt block, under the router's own keys
