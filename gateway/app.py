@@ -31,7 +31,7 @@ def build_middleware(core: GatewayCore, keys: KeyStore) -> list[Middleware]:
 
 
 def build_app(core: GatewayCore, keys: KeyStore | None = None) -> Starlette:
-    keys = keys or KeyStore(core.config.auth, dict(os.environ))
+    keys = keys or KeyStore(core.config.auth, dict(os.environ), redis_client=core.redis)
     routes = [
         Route("/v1/chat/completions", handlers.chat_completions, methods=["POST"]),
         Route("/v1/completions", handlers.completions, methods=["POST"]),

@@ -12,6 +12,7 @@ import yaml
 from admission.retry_budget import RetryBudget, RetryBudgetConfig
 from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
+from gateway.upstream_http import UpstreamClient
 from kvgate.config import ConfigError, KvgateConfig, PoolConfig
 from router.policy_config import PolicyConfigError, PolicyStore, RoutingPolicies, load_policies
 from router.router import Router, WorkerSpec
@@ -28,6 +29,7 @@ class GatewayCore:
         self.rng = rng or random.Random()
         self.http = http or httpx.AsyncClient(
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024, keepalive_expiry=60.0))
+        self.upstream = UpstreamClient()  # completions traffic; self.http serves health checks and scrapes
         self.tokenizers = _routing_tokenizers(config, tokenizer_dirs or {})
         self.policies = _routing_policies(config)
         self.router = Router(_worker_specs(config), self.policies, tokenizers=self.tokenizers, rng=self.rng)
@@ -36,13 +38,26 @@ class GatewayCore:
         budget_config = RetryBudgetConfig(ratio=up.retry_budget_ratio, min_retries_per_s=up.retry_budget_min_per_s)
         self.budgets = {pool: RetryBudget(budget_config) for pool in config.pools}
         self.models = {pool.model: name for name, pool in config.pools.items()}
+        self.redis = _redis_client(config.redis.url)
 
     async def start(self) -> None:
         await self.fleet.start()
 
     async def stop(self) -> None:
         await self.fleet.stop()
+        await self.upstream.aclose()
         await self.http.aclose()
+        if self.redis is not None:
+            await self.redis.aclose()
+
+    async def redis_ok(self) -> bool | None:
+        """None without Redis; else whether it answers a PING within 0.5 s."""
+        if self.redis is None:
+            return None
+        try:
+            return bool(await self.redis.ping())
+        except Exception:  # any Redis failure means: serving on local state
+            return False
 
     def count_tokens(self, model: str, text: str) -> int:
         """Tokens in generated text, with the model's tokenizer (else ~4 bytes a token)."""
@@ -58,6 +73,15 @@ class GatewayCore:
     def maybe_reload_policies(self) -> None:
         if isinstance(self.policies, PolicyStore):
             self.policies.maybe_reload()
+
+
+def _redis_client(url: str | None):
+    """An asyncio Redis client with short timeouts, so a dead Redis never stalls a request."""
+    if url is None:
+        return None
+    import redis.asyncio
+
+    return redis.asyncio.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
 
 
 def _worker_specs(config: KvgateConfig) -> dict[str, list[WorkerSpec]]:

@@ -201,7 +201,11 @@ async def ready(request: Request) -> Response:
     missing = [f"pool {pool}: no healthy worker" for pool in core.fleet.pools_without_workers()]
     if missing:
         return JSONResponse({"status": "not ready", "missing": missing}, status_code=503)
-    return JSONResponse({"status": "ready"})
+    body: dict[str, Any] = {"status": "ready"}
+    redis_ok = await core.redis_ok()
+    if redis_ok is False:  # still ready: replicas serve on local state, and say so
+        body["degraded"] = ["redis unreachable: API keys from Redis and shared state unavailable"]
+    return JSONResponse(body)
 
 
 async def metrics(request: Request) -> Response:

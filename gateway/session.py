@@ -123,7 +123,7 @@ class Session:
         attempt = None
         up = core.config.upstream
         try:
-            attempt = await open_attempt(core.http, worker_id, worker.url + self.req.path, body, self.req.headers,
+            attempt = await open_attempt(core.upstream, worker_id, worker.url + self.req.path, body, self.req.headers,
                                          up.connect_timeout_s, up.first_byte_timeout_s, up.idle_timeout_s)
             held = await wait_first_progress(attempt, up.first_byte_timeout_s)
         except UpstreamError as error:
@@ -273,7 +273,7 @@ class Session:
         if attempt is None:
             return
         self.attempt = self.attempt_key = None
-        await attempt.close()
+        await attempt.close(drain=bool(ok) and self.done)
         if key is not None:
             self.core.router.on_finish(key, (self.usage or {}).get("completion_tokens", 0))
         if ok is not None:

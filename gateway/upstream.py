@@ -16,8 +16,11 @@ import httpx
 
 from gateway.errors import UpstreamError, map_upstream_errors
 from gateway.sse import SseEvent, SseParser
+from gateway.upstream_http import UpstreamClient, UpstreamResponse
 
 MAX_ERROR_BODY_BYTES = 64 * 1024
+MAX_DRAIN_BYTES = 64 * 1024
+DRAIN_TIMEOUT_S = 0.05  # what is left after [DONE] is the chunked body's end, normally already here
 
 
 @dataclass(slots=True)
@@ -25,35 +28,52 @@ class Attempt:
     """An open upstream stream: events are read from it with read_events()."""
 
     worker_id: str
-    response: httpx.Response
+    response: UpstreamResponse
     started_s: float
     chunks: AsyncIterator[bytes]
     parser: SseParser = field(default_factory=SseParser)
     first_byte_s: float | None = None
     eof: bool = False
 
-    async def close(self) -> None:
-        await self.response.aclose()
+    async def close(self, drain: bool = False) -> None:
+        """Close the stream; drain=True first reads the rest of a finished answer (a little, briefly),
+        so the connection goes back to the pool instead of being closed mid-body."""
+        try:
+            if drain and not self.eof:
+                await self._drain()
+        finally:
+            await self.response.aclose()
+
+    async def _drain(self) -> None:
+        received = 0
+        try:
+            async with asyncio.timeout(DRAIN_TIMEOUT_S):
+                async for chunk in self.chunks:
+                    received += len(chunk)
+                    if received > MAX_DRAIN_BYTES:
+                        return
+        except (httpx.HTTPError, TimeoutError):
+            return
+        self.eof = True
 
 
-async def open_attempt(http: httpx.AsyncClient, worker_id: str, url: str, body: dict[str, Any],
+async def open_attempt(client: UpstreamClient, worker_id: str, url: str, body: dict[str, Any],
                        headers: dict[str, str], connect_timeout_s: float, first_byte_timeout_s: float,
                        idle_timeout_s: float) -> Attempt:
     """POST body to url as a stream; raises UpstreamError (status errors carry the worker's body)."""
     started = time.monotonic()
-    timeout = httpx.Timeout(connect=connect_timeout_s, read=max(first_byte_timeout_s, idle_timeout_s),
-                            write=connect_timeout_s, pool=connect_timeout_s)
-    request = http.build_request("POST", url, json=body, headers=headers, timeout=timeout)
     try:
-        with map_upstream_errors("headers"):
-            response = await asyncio.wait_for(http.send(request, stream=True), first_byte_timeout_s)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(first_byte_timeout_s):
+            with map_upstream_errors("headers"):
+                response = await client.post_stream(url, body, headers, connect_timeout_s)
+    except TimeoutError:
         raise UpstreamError("first_byte_timeout", f"no response within {first_byte_timeout_s} s") from None
     if response.status_code != 200:
         try:
-            with map_upstream_errors("error body"):
-                content = await asyncio.wait_for(_read_limited(response), idle_timeout_s)
-        except (UpstreamError, asyncio.TimeoutError):
+            async with asyncio.timeout(idle_timeout_s):
+                with map_upstream_errors("error body"):
+                    content = await _read_limited(response)
+        except (UpstreamError, TimeoutError):
             content = b""
         finally:
             await response.aclose()
@@ -61,7 +81,7 @@ async def open_attempt(http: httpx.AsyncClient, worker_id: str, url: str, body: 
     return Attempt(worker_id, response, started, response.aiter_raw())
 
 
-async def _read_limited(response: httpx.Response) -> bytes:
+async def _read_limited(response: UpstreamResponse) -> bytes:
     data = b""
     async for chunk in response.aiter_raw():
         data += chunk
@@ -74,12 +94,13 @@ async def read_events(attempt: Attempt, timeout_s: float) -> list[SseEvent]:
     """The next complete events; [] with attempt.eof set at the end of the stream."""
     while True:
         try:
-            with map_upstream_errors("a chunk"):
-                chunk = await asyncio.wait_for(attempt.chunks.__anext__(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                with map_upstream_errors("a chunk"):
+                    chunk = await attempt.chunks.__anext__()
         except StopAsyncIteration:
             attempt.eof = True
             return []
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise UpstreamError("idle_timeout", f"no data for {timeout_s} s") from None
         events = attempt.parser.feed(chunk)
         if events:

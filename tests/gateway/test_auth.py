@@ -71,3 +71,29 @@ def test_key_comparison_time_does_not_depend_on_the_key():
     assert store._match_local(hash_key(right).encode()) == "t"
     right_s, wrong_s = timed(right), timed("kvg-" + "x" * 43)
     assert abs(right_s - wrong_s) / max(right_s, wrong_s) < 0.25
+
+
+def test_a_key_created_in_redis_is_accepted_by_a_gateway_using_that_redis(gateway_model_dir, tmp_path):
+    import subprocess
+    import sys
+    from contextlib import ExitStack
+
+    import redis
+
+    from tests.gateway.conftest import gateway_config, start_gateway, start_tiny_worker, worker_entry
+
+    url = "redis://127.0.0.1:6379/14"
+    redis.Redis.from_url(url).delete("kvgate:api_keys")
+    created = subprocess.run([sys.executable, "-m", "kvgate", "keys", "create", "--tenant", "team-r", "--redis", url],
+                             capture_output=True, text=True, check=True)
+    key = created.stdout.splitlines()[1].strip()
+    with ExitStack() as stack:
+        worker = start_tiny_worker(stack, gateway_model_dir)
+        gateway = start_gateway(stack, gateway_config([worker_entry("w0", worker.url)], gateway_model_dir,
+                                                      redis={"url": url}), tmp_path)
+        ok = httpx.post(f"{gateway.url}/v1/completions", json=BODY, headers={"x-api-key": key}, timeout=30)
+        assert ok.status_code == 200
+        bad = httpx.post(f"{gateway.url}/v1/completions", json=BODY, headers={"x-api-key": key + "x"})
+        assert bad.status_code == 401
+        assert httpx.get(f"{gateway.url}/ready").json() == {"status": "ready"}
+    redis.Redis.from_url(url).delete("kvgate:api_keys")
