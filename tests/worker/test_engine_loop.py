@@ -17,44 +17,11 @@ from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine, RequestOutput
 from worker.engine.events import AllBlocksCleared, BlockRemoved, BlockStored
 from worker.engine.sampling_params import SamplingParams
-from worker.executor.base import StepBatch
+from tests.worker.fake_executor import VOCAB_SIZE, PagedFakeExecutor, reference_output
 
-VOCAB_SIZE = 50
 EOS = 50  # never sampled by the fake unless a test says so
 
 
-def next_token(context: list[int]) -> int:
-    """Depends on every token of the context, so a corrupted KV slot changes the result."""
-    return (context[-1] * 7 + sum(context) + len(context)) % VOCAB_SIZE
-
-
-def reference_output(prompt: list[int], num_tokens: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(num_tokens):
-        tokens.append(next_token(tokens))
-    return tokens[len(prompt) :]
-
-
-class PagedFakeExecutor:
-    name = "fake"
-
-    def __init__(self, num_blocks: int = 64, block_size: int = 4, max_model_len: int = 256):
-        self.num_blocks, self.block_size, self.max_model_len = num_blocks, block_size, max_model_len
-        self.kv: dict[tuple[int, int], int] = {}
-        self.batches: list[StepBatch] = []
-
-    def execute(self, batch: StepBatch) -> list[int]:
-        self.batches.append(batch)
-        size = self.block_size
-        sampled = []
-        for chunk in batch.chunks:
-            for pos, token in enumerate(chunk.token_ids, start=chunk.start_pos):
-                self.kv[(chunk.block_table[pos // size], pos % size)] = token
-            if chunk.sampling is not None:
-                end = chunk.start_pos + len(chunk.token_ids)
-                context = [self.kv[(chunk.block_table[p // size], p % size)] for p in range(end)]
-                sampled.append(next_token(context))
-        return sampled
 
 
 def make_engine(executor: PagedFakeExecutor | None = None, tokenizer=None, **config) -> Engine:

@@ -11,50 +11,13 @@ import pytest
 from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine, RequestOutput
 from worker.engine.sampling_params import SamplingParams
-from worker.executor.base import SeqChunk, StepBatch
-
-VOCAB_SIZE = 50
+from tests.worker.fake_executor import VOCAB_SIZE, PagedFakeExecutor, reference_output
 
 
-def next_token(context: list[int]) -> int:
-    return (context[-1] * 7 + sum(context) + len(context)) % VOCAB_SIZE
 
 
-def reference_output(prompt: list[int], num_tokens: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(num_tokens):
-        tokens.append(next_token(tokens))
-    return tokens[len(prompt) :]
 
-
-class RecordingExecutor:
-    """Keeps a paged KV store (tokens per block slot) and every batch it ran."""
-
-    name = "fake"
-
-    def __init__(self, num_blocks: int = 64, block_size: int = 4, max_model_len: int = 256):
-        self.num_blocks, self.block_size, self.max_model_len = num_blocks, block_size, max_model_len
-        self.kv: dict[tuple[int, int], int] = {}
-        self.batches: list[StepBatch] = []
-
-    def execute(self, batch: StepBatch) -> list[int]:
-        self.batches.append(batch)
-        size = self.block_size
-        sampled = []
-        for chunk in batch.chunks:
-            for pos, token in enumerate(chunk.token_ids, start=chunk.start_pos):
-                self.kv[(chunk.block_table[pos // size], pos % size)] = token
-            if chunk.sampling is not None:
-                end = chunk.start_pos + len(chunk.token_ids)
-                context = [self.kv[(chunk.block_table[p // size], p % size)] for p in range(end)]
-                sampled.append(next_token(context))
-        return sampled
-
-    def chunks_of(self, seq_id: int) -> list[SeqChunk]:
-        return [c for b in self.batches for c in b.chunks if c.seq_id == seq_id]
-
-
-def make_engine(executor: RecordingExecutor, **config) -> Engine:
+def make_engine(executor: PagedFakeExecutor, **config) -> Engine:
     ticks = itertools.count()
     return Engine(
         executor, None, EngineConfig(block_size=executor.block_size, **config),
@@ -72,7 +35,7 @@ def run_to_completion(engine: Engine) -> list[RequestOutput]:
 
 
 def test_long_prompt_is_prefilled_in_chunks_within_the_token_budget() -> None:
-    executor = RecordingExecutor()
+    executor = PagedFakeExecutor()
     engine = make_engine(executor, max_num_batched_tokens=16)
     engine.add_request("r", list(range(50)), SamplingParams(max_tokens=2))
 
@@ -85,7 +48,7 @@ def test_long_prompt_is_prefilled_in_chunks_within_the_token_budget() -> None:
 
 
 def test_decodes_run_first_and_a_prefill_chunk_takes_the_remaining_budget() -> None:
-    executor = RecordingExecutor()
+    executor = PagedFakeExecutor()
     engine = make_engine(executor, max_num_batched_tokens=16)
     engine.add_request("decoding", [1, 2, 3], SamplingParams(max_tokens=10))
     engine.step()
@@ -100,7 +63,7 @@ def test_decodes_run_first_and_a_prefill_chunk_takes_the_remaining_budget() -> N
 
 def test_no_step_exceeds_the_token_budget_or_the_sequence_limit() -> None:
     rng = random.Random(3)
-    executor = RecordingExecutor(num_blocks=40)
+    executor = PagedFakeExecutor(num_blocks=40)
     engine = make_engine(executor, max_num_batched_tokens=12, max_num_seqs=3)
     prompts = {
         f"r{i}": [rng.randrange(VOCAB_SIZE) for _ in range(rng.randrange(1, 30))] for i in range(12)
@@ -129,16 +92,16 @@ def test_no_step_exceeds_the_token_budget_or_the_sequence_limit() -> None:
     ids=["fifo-within-priority", "lower-value-first", "priority-then-arrival"],
 )
 def test_waiting_requests_start_by_priority_then_arrival(requests, expected_order) -> None:
-    engine = make_engine(RecordingExecutor(), max_num_seqs=1)
+    engine = make_engine(PagedFakeExecutor(), max_num_seqs=1)
     for request_id, priority in requests:
         engine.add_request(request_id, [1, 2, 3], SamplingParams(max_tokens=2), priority=priority)
 
     assert [o.request_id for o in run_to_completion(engine)] == expected_order
 
 
-def preemption_scenario() -> tuple[RecordingExecutor, Engine]:
+def preemption_scenario() -> tuple[PagedFakeExecutor, Engine]:
     """Six blocks of 4 tokens; two requests that each grow to 5 blocks cannot both fit."""
-    executor = RecordingExecutor(num_blocks=6)
+    executor = PagedFakeExecutor(num_blocks=6)
     engine = make_engine(executor)
     engine.add_request("lax", list(range(10, 18)), SamplingParams(max_tokens=12), priority=1)
     engine.add_request("urgent", list(range(20, 28)), SamplingParams(max_tokens=12), priority=0)
@@ -168,7 +131,7 @@ def test_preempted_request_resumes_from_its_cached_prefix() -> None:
 
 
 def test_abort_frees_blocks_so_a_waiting_request_starts_next_step() -> None:
-    executor = RecordingExecutor(num_blocks=4)
+    executor = PagedFakeExecutor(num_blocks=4)
     engine = make_engine(executor)
     engine.add_request("hog", list(range(12)), SamplingParams(max_tokens=4))
     engine.add_request("next", list(range(20, 32)), SamplingParams(max_tokens=1))

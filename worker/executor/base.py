@@ -53,3 +53,17 @@ class Executor(Protocol):
     def execute(self, batch: StepBatch) -> list[int]:
         """Run the batch; return one sampled token id per chunk whose sampling is set, in order."""
         ...
+
+
+def validate_batch(batch: StepBatch, block_size: int, num_blocks: int, max_model_len: int) -> None:
+    """Reject a malformed batch before any work: every executor checks the same things."""
+    for chunk in batch.chunks:
+        end = chunk.start_pos + len(chunk.token_ids)
+        if not chunk.token_ids or chunk.start_pos < 0:
+            raise ValueError(f"seq {chunk.seq_id}: a chunk needs >= 1 token and start_pos >= 0")
+        if end > max_model_len:
+            raise ValueError(f"seq {chunk.seq_id}: {end} tokens exceed max_model_len {max_model_len}")
+        if len(chunk.block_table) * block_size < end:
+            raise ValueError(f"seq {chunk.seq_id}: block_table covers fewer than {end} positions")
+        if any(not 0 <= b < num_blocks for b in chunk.block_table):
+            raise ValueError(f"seq {chunk.seq_id}: block id out of range [0, {num_blocks})")

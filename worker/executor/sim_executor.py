@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
-from worker.executor.base import SeqChunk, StepBatch
+from worker.executor.base import validate_batch, SeqChunk, StepBatch
 
 _COEFFICIENTS = ("step_overhead_s", "prefill_token_s", "decode_seq_s", "kv_token_s")
 _MASK_64 = (1 << 64) - 1
@@ -184,11 +184,4 @@ class SimExecutor:
         return ids[index]
 
     def _validate(self, batch: StepBatch) -> None:
-        for chunk in batch.chunks:
-            end = chunk.start_pos + len(chunk.token_ids)
-            if not chunk.token_ids or chunk.start_pos < 0:
-                raise ValueError(f"seq {chunk.seq_id}: a chunk needs >= 1 token and start_pos >= 0")
-            if end > self.max_model_len:
-                raise ValueError(f"seq {chunk.seq_id}: {end} tokens exceed max_model_len {self.max_model_len}")
-            if len(chunk.block_table) * self.block_size < end:
-                raise ValueError(f"seq {chunk.seq_id}: block_table covers fewer than {end} positions")
+        validate_batch(batch, self.block_size, self.num_blocks, self.max_model_len)

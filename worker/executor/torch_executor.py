@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from worker.executor.attention import SdpaPagedAttention, StepMetadata, build_step_metadata
-from worker.executor.base import StepBatch
+from worker.executor.base import validate_batch, StepBatch
 from worker.executor.kv_cache import KVCacheSpec, PagedKVCache, num_blocks_for_memory_fraction
 from worker.executor.sampler import Sampler
 from worker.executor.triton_attention import TritonPagedDecodeAttention, triton_available
@@ -132,16 +132,7 @@ class TorchExecutor:
         return SdpaPagedAttention(self.kv_cache, meta)
 
     def _validate(self, batch: StepBatch) -> None:
-        for chunk in batch.chunks:
-            end = chunk.start_pos + len(chunk.token_ids)
-            if not chunk.token_ids or chunk.start_pos < 0:
-                raise ValueError(f"seq {chunk.seq_id}: a chunk needs >= 1 token and start_pos >= 0")
-            if end > self.max_model_len:
-                raise ValueError(f"seq {chunk.seq_id}: {end} tokens exceed max_model_len {self.max_model_len}")
-            if len(chunk.block_table) * self.block_size < end:
-                raise ValueError(f"seq {chunk.seq_id}: block_table covers fewer than {end} positions")
-            if any(not 0 <= b < self.num_blocks for b in chunk.block_table):
-                raise ValueError(f"seq {chunk.seq_id}: block id out of range [0, {self.num_blocks})")
+        validate_batch(batch, self.block_size, self.num_blocks, self.max_model_len)
 
 
 def _resolve_dtype(name: str | None, config: ModelConfig, device: torch.device) -> torch.dtype:
