@@ -122,7 +122,7 @@ class Fleet:
     def record_attempt(self, worker_id: str, ok: bool, first_byte_s: float | None = None) -> None:
         """Outcome of one upstream attempt: feeds the breaker and slow-worker ejection."""
         worker = self.workers[worker_id]
-        self.metrics.attempts.labels(worker=worker_id, outcome="ok" if ok else "error").inc()
+        self.metrics.child(self.metrics.attempts, worker_id, "ok" if ok else "error").inc()
         if ok:
             worker.breaker.record_success()
             if first_byte_s is not None and self.config.outliers.enabled and \

@@ -42,10 +42,10 @@ async def _proxy(request: Request, kind: str, path: str) -> Response:
         model_label = model if model in core.models else "unknown"
         session, held, decision = await _start(core, request, kind, path, body, tenant)
     except GatewayError as error:
-        core.metrics.requests.labels(tenant=tenant, model=model_label, status=str(error.status)).inc()
+        core.metrics.child(core.metrics.requests, tenant, model_label, str(error.status)).inc()
         return error.response()
     except UpstreamError as error:  # the worker refused the request itself (4xx): pass its answer on
-        core.metrics.requests.labels(tenant=tenant, model=model_label, status=str(error.status)).inc()
+        core.metrics.child(core.metrics.requests, tenant, model_label, str(error.status)).inc()
         return Response(error.body, status_code=error.status or 502, media_type="application/json")
     headers = {"x-kvgate-worker": session.tried[-1]}
     if core.config.routing.debug_header:
@@ -148,18 +148,18 @@ async def _observed(core: GatewayCore, session: Session, stream, tenant: str):
 def _finish(core: GatewayCore, session: Session, tenant: str) -> None:
     req, m = session.req, core.metrics
     status = "200" if session.done else "499" if session.finish_reason is None else "200"
-    m.requests.labels(tenant=tenant, model=req.model, status=status).inc()
-    m.e2e.labels(model=req.model).observe(time.monotonic() - req.started_s)
+    m.child(m.requests, tenant, req.model, status).inc()
+    m.child(m.e2e, req.model).observe(time.monotonic() - req.started_s)
     usage = session._final_usage() or {}
     if usage:
-        m.prompt_tokens.labels(tenant=tenant, model=req.model).inc(usage.get("prompt_tokens", 0))
-        m.completion_tokens.labels(tenant=tenant, model=req.model).inc(usage.get("completion_tokens", 0))
+        m.child(m.prompt_tokens, tenant, req.model).inc(usage.get("prompt_tokens", 0))
+        m.child(m.completion_tokens, tenant, req.model).inc(usage.get("completion_tokens", 0))
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        m.cached_tokens.labels(tenant=tenant, model=req.model).inc(cached)
+        m.child(m.cached_tokens, tenant, req.model).inc(cached)
         if session.failovers == 0 and len(session.tried) == 1 and req.predicted_cached_tokens is not None:
             core.router.record_outcome(req.predicted_cached_tokens, cached)
-            m.predicted_cached.labels(pool=req.pool).inc(req.predicted_cached_tokens)
-            m.reported_cached.labels(pool=req.pool).inc(cached)
+            m.child(m.predicted_cached, req.pool).inc(req.predicted_cached_tokens)
+            m.child(m.reported_cached, req.pool).inc(cached)
             ratio = core.router.closed_loop.prediction_hit_ratio
             if ratio is not None:
                 m.prediction_hit_ratio.set(ratio)

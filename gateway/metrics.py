@@ -54,5 +54,15 @@ class GatewayMetrics:
         self.kv_index_blocks = Gauge("kvgate_kv_index_blocks", "Confirmed blocks indexed per worker.",
                                      ["worker"], registry=r)
 
+        self._children: dict[tuple, object] = {}
+
+    def child(self, metric, *label_values: str):
+        """metric.labels(*label_values), remembered: prometheus' own lookup locks and validates each call."""
+        key = (metric, label_values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*label_values)
+        return found
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -32,24 +32,36 @@ class RequestContextMiddleware:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         incoming = headers.get("x-request-id", "")
         request_id = incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
+        if "traceparent" not in headers and _no_tracer_installed():
+            # a no-op tracer without a parent makes an invalid span: nothing to record or echo
+            await self._call(scope, receive, send, request_id, {}, None)
+            return
         parent = _propagator.extract(headers)
         with tracer.start_as_current_span(f"{scope['method']} {scope['path']}", context=parent,
                                           kind=trace.SpanKind.SERVER) as span:
             carrier: dict[str, str] = {}
             _propagator.inject(carrier)
-            state = scope.setdefault("state", {})
-            state["request_id"] = request_id
-            state["trace_headers"] = carrier
-            extra = [(b"x-request-id", request_id.encode())] + [
-                (k.encode(), v.encode()) for k, v in carrier.items()]
+            await self._call(scope, receive, send, request_id, carrier, span)
 
-            async def send_with_context(message: Message) -> None:
-                if message["type"] == "http.response.start":
-                    message["headers"] = list(message.get("headers", [])) + extra
+    async def _call(self, scope: Scope, receive: Receive, send: Send, request_id: str, carrier: dict[str, str],
+                    span: trace.Span | None) -> None:
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        state["trace_headers"] = carrier
+        extra = [(b"x-request-id", request_id.encode())] + [(k.encode(), v.encode()) for k, v in carrier.items()]
+
+        async def send_with_context(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = list(message.get("headers", [])) + extra
+                if span is not None:
                     span.set_attribute("http.status_code", message["status"])
-                await send(message)
+            await send(message)
 
-            await self.app(scope, receive, send_with_context)
+        await self.app(scope, receive, send_with_context)
+
+
+def _no_tracer_installed() -> bool:
+    return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
 class LimitsMiddleware:

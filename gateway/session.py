@@ -233,9 +233,9 @@ class Session:
         metrics, model = self.core.metrics, self.req.model
         if self.first_token_s is None:
             self.first_token_s = now
-            metrics.ttft.labels(model=model).observe(now - self.req.started_s)
+            metrics.child(metrics.ttft, model).observe(now - self.req.started_s)
         else:
-            metrics.itl.labels(model=model).observe(now - (self.last_token_s or now))
+            metrics.child(metrics.itl, model).observe(now - (self.last_token_s or now))
         self.last_token_s = now
 
     def _envelope(self) -> dict[str, Any]:

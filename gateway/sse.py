@@ -44,6 +44,8 @@ class SseParser:
 
 
 def _find_separator(buffer: bytes) -> tuple[int, int]:
+    if b"\r" not in buffer:
+        return buffer.find(b"\n\n"), 2
     candidates = [(buffer.find(sep), len(sep)) for sep in (b"\n\n", b"\r\n\r\n")]
     found = [(i, n) for i, n in candidates if i >= 0]
     return min(found) if found else (-1, 0)

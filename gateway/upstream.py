@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 import httpx
 
@@ -30,7 +30,6 @@ class Attempt:
     worker_id: str
     response: UpstreamResponse
     started_s: float
-    chunks: AsyncIterator[bytes]
     parser: SseParser = field(default_factory=SseParser)
     first_byte_s: float | None = None
     eof: bool = False
@@ -45,13 +44,12 @@ class Attempt:
             await self.response.aclose()
 
     async def _drain(self) -> None:
-        received = 0
+        received, deadline = 0, time.monotonic() + DRAIN_TIMEOUT_S
         try:
-            async with asyncio.timeout(DRAIN_TIMEOUT_S):
-                async for chunk in self.chunks:
-                    received += len(chunk)
-                    if received > MAX_DRAIN_BYTES:
-                        return
+            while (chunk := await self.response.next_chunk(max(0.0, deadline - time.monotonic()))) is not None:
+                received += len(chunk)
+                if received > MAX_DRAIN_BYTES:
+                    return
         except (httpx.HTTPError, TimeoutError):
             return
         self.eof = True
@@ -78,12 +76,12 @@ async def open_attempt(client: UpstreamClient, worker_id: str, url: str, body: d
         finally:
             await response.aclose()
         raise UpstreamError("status", f"worker answered {response.status_code}", response.status_code, content)
-    return Attempt(worker_id, response, started, response.aiter_raw())
+    return Attempt(worker_id, response, started)
 
 
 async def _read_limited(response: UpstreamResponse) -> bytes:
     data = b""
-    async for chunk in response.aiter_raw():
+    while (chunk := await response.next_chunk()) is not None:
         data += chunk
         if len(data) >= MAX_ERROR_BODY_BYTES:
             break
@@ -94,14 +92,13 @@ async def read_events(attempt: Attempt, timeout_s: float) -> list[SseEvent]:
     """The next complete events; [] with attempt.eof set at the end of the stream."""
     while True:
         try:
-            async with asyncio.timeout(timeout_s):
-                with map_upstream_errors("a chunk"):
-                    chunk = await attempt.chunks.__anext__()
-        except StopAsyncIteration:
-            attempt.eof = True
-            return []
+            with map_upstream_errors("a chunk"):
+                chunk = await attempt.response.next_chunk(timeout_s)
         except TimeoutError:
             raise UpstreamError("idle_timeout", f"no data for {timeout_s} s") from None
+        if chunk is None:
+            attempt.eof = True
+            return []
         events = attempt.parser.feed(chunk)
         if events:
             return events

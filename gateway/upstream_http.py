@@ -41,6 +41,7 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.headers_done = False
+        self.keep_alive = False
         self.complete = False
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
@@ -77,6 +78,7 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
+        self.keep_alive = self._parser.should_keep_alive()
         self.headers_done = True
         self._wake()
 
@@ -114,8 +116,9 @@ class _Connection(asyncio.Protocol):
                 raise self._error
             await self._wait()
 
-    async def next_chunk(self) -> bytes | None:
-        """The next body bytes; None at the end of the response."""
+    async def next_chunk(self, timeout_s: float | None = None) -> bytes | None:
+        """The next body bytes; None at the end of the response. timeout_s bounds each wait for data
+        (TimeoutError); bytes already received are returned without setting a timer."""
         while True:
             if self._chunks:
                 chunk = self._chunks.popleft()
@@ -128,10 +131,14 @@ class _Connection(asyncio.Protocol):
                 return None
             if self._error is not None:
                 raise self._error
-            await self._wait()
+            if timeout_s is None:
+                await self._wait()
+            else:
+                async with asyncio.timeout(timeout_s):
+                    await self._wait()
 
     def reusable(self) -> bool:
-        return self.complete and not self.closed and self._parser.should_keep_alive()
+        return self.complete and not self.closed and self.keep_alive
 
 
 class UpstreamResponse:
@@ -143,19 +150,9 @@ class UpstreamResponse:
         self.status_code = conn.status
         self.headers = conn.headers
 
-    def __aiter__(self) -> UpstreamResponse:
-        return self
-
-    async def __anext__(self) -> bytes:
-        if self._conn is None:
-            raise StopAsyncIteration
-        chunk = await self._conn.next_chunk()
-        if chunk is None:
-            raise StopAsyncIteration
-        return chunk
-
-    def aiter_raw(self) -> UpstreamResponse:
-        return self
+    async def next_chunk(self, timeout_s: float | None = None) -> bytes | None:
+        """The next body bytes, None at the end (or after aclose); see _Connection.next_chunk."""
+        return None if self._conn is None else await self._conn.next_chunk(timeout_s)
 
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None

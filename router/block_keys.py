@@ -41,13 +41,9 @@ def chain_block_keys(
     packed = token_ids if isinstance(token_ids, bytes) else pack_tokens_u32le(token_ids)
     stride = 4 * block_size
     num_blocks = len(packed) // stride
-    keys: list[int] = []
-    append = keys.append
     key = parent_key
-    for start in range(0, num_blocks * stride, stride):
-        key = _xxh3_64(_U64LE(key) + packed[start : start + stride])
-        append(key)
-    return keys
+    return [key := _xxh3_64(_U64LE(key) + packed[start : start + stride])
+            for start in range(0, num_blocks * stride, stride)]
 
 
 def block_keys(token_ids: Sequence[int] | bytes, block_size: int, model_name: str) -> list[int]:

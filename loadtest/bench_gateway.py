@@ -1,0 +1,542 @@
+"""Gateway overhead benchmark: added latency, saturation rate, per-chunk cost, 1,000 streams.
+
+A fake OpenAI-compatible worker (raw ASGI on uvicorn, answers at once) runs in one child
+process, the real gateway (`python -m kvgate gateway`, one uvicorn process) in another, and the
+load generator (raw asyncio HTTP/1.1 on uvloop, not httpx) in a third, so none of them shares
+an event loop. Every request is measured twice: through the gateway and to the fake worker
+directly; the difference is what the gateway adds. Writes results/bench_gateway.json and the
+"gateway" section of docs/benchmarks.md.
+Run: .venv/bin/python -m loadtest.bench_gateway [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import random
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+MODEL = "bench-model"
+API_KEY = "bench-key"
+PROMPT = "You are a helpful assistant. Summarise the following text in one sentence: " + "lorem ipsum " * 20
+RESULTS_PATH = Path(__file__).resolve().parents[1] / "results" / "bench_gateway.json"
+TARGETS = {"added_p50_ms": 1.5, "added_p99_ms": 5.0, "per_chunk_overhead_ms": 0.2, "concurrent_streams": 1000}
+LOAD_FRACTION = 0.7
+WARMUP_REQUESTS = 20
+
+
+# -- the fake worker ----------------------------------------------------------------------------
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _chunk(kind: str, finish: str | None) -> bytes:
+    if kind == "chat":
+        choice = {"index": 0, "delta": {"content": "tok "}, "logprobs": None, "finish_reason": finish}
+        return _sse({"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
+                     "choices": [choice]})
+    choice = {"index": 0, "text": "tok ", "logprobs": None, "finish_reason": finish}
+    return _sse({"id": "cmpl-bench", "object": "text_completion", "created": 0, "model": MODEL, "choices": [choice]})
+
+
+_CHUNKS = {kind: (_chunk(kind, None), _chunk(kind, "length")) for kind in ("chat", "completion")}
+_HEADERS_SSE = [(b"content-type", b"text/event-stream")]
+_HEADERS_JSON = [(b"content-type", b"application/json")]
+
+
+def _usage(num_tokens: int) -> dict[str, Any]:
+    return {"prompt_tokens": 50, "completion_tokens": num_tokens, "total_tokens": 50 + num_tokens,
+            "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+async def fake_worker(scope, receive, send) -> None:
+    """OpenAI-compatible enough: /health, /metrics, streamed or plain completions with usage.
+
+    The answer has `max_tokens` chunks (default 1), `bench_chunk_delay_ms` apart (default 0).
+    """
+    if scope["type"] != "http":
+        return
+    path = scope["path"]
+    if scope["method"] == "GET":
+        body = b'{"status":"ok"}' if path == "/health" else b""
+        await send({"type": "http.response.start", "status": 200, "headers": _HEADERS_JSON})
+        await send({"type": "http.response.body", "body": body})
+        return
+    raw = b""
+    while True:
+        message = await receive()
+        raw += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    request = json.loads(raw)
+    kind = "chat" if path.endswith("/chat/completions") else "completion"
+    num_tokens = int(request.get("max_tokens") or 1)
+    if request.get("stream"):
+        await _stream_answer(send, kind, num_tokens, request)
+    else:
+        await _plain_answer(send, kind, num_tokens)
+
+
+async def _stream_answer(send, kind: str, num_tokens: int, request: dict[str, Any]) -> None:
+    delay_s = float(request.get("bench_chunk_delay_ms") or 0) / 1000
+    middle, last = _CHUNKS[kind]
+    await send({"type": "http.response.start", "status": 200, "headers": _HEADERS_SSE})
+    for i in range(num_tokens):
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        await send({"type": "http.response.body", "body": last if i == num_tokens - 1 else middle,
+                    "more_body": True})
+    if (request.get("stream_options") or {}).get("include_usage"):
+        envelope = {"id": "cmpl-bench", "object": "text_completion", "created": 0, "model": MODEL}
+        await send({"type": "http.response.body", "body": _sse({**envelope, "choices": [], "usage": _usage(num_tokens)}),
+                    "more_body": True})
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+async def _plain_answer(send, kind: str, num_tokens: int) -> None:
+    text = "tok " * num_tokens
+    choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": "length"}
+              if kind == "chat" else {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
+    body = json.dumps({"id": "cmpl-bench", "object": "text_completion", "created": 0, "model": MODEL,
+                       "choices": [choice], "usage": _usage(num_tokens)}).encode()
+    await send({"type": "http.response.start", "status": 200, "headers": _HEADERS_JSON})
+    await send({"type": "http.response.body", "body": body})
+
+
+def run_fake_worker(port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(fake_worker, host="127.0.0.1", port=port, log_level="warning", loop="uvloop", http="httptools",
+                backlog=4096)
+
+
+# -- the load generator (raw HTTP/1.1 over asyncio) ---------------------------------------------
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection; request() returns (status, body)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, port: int) -> Connection:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+        return cls(reader, writer)
+
+    async def request(self, raw: bytes) -> tuple[int, bytes]:
+        self.writer.write(raw)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:] if ": " in line)
+        if headers.get("transfer-encoding") == "chunked":
+            return status, await self._read_chunked()
+        return status, await self.reader.readexactly(int(headers.get("content-length", "0")))
+
+    async def _read_chunked(self) -> bytes:
+        parts = []
+        while True:
+            size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                await self.reader.readuntil(b"\r\n")
+                return b"".join(parts)
+            parts.append((await self.reader.readexactly(size + 2))[:-2])
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def http_request(port: int, path: str, body: dict[str, Any]) -> bytes:
+    data = json.dumps(body).encode()
+    return (f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nauthorization: Bearer {API_KEY}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n").encode() + data
+
+
+def completion_body(stream: bool, num_tokens: int = 1, chunk_delay_ms: float = 0) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": MODEL, "prompt": PROMPT, "max_tokens": num_tokens, "stream": stream}
+    if chunk_delay_ms:
+        body["bench_chunk_delay_ms"] = chunk_delay_ms
+    return body
+
+
+def check_answer(status: int, body: bytes, stream: bool, num_tokens: int) -> bool:
+    if status != 200:
+        return False
+    if stream:
+        return body.endswith(b"data: [DONE]\n\n") and body.count(b'"text":"tok "') == num_tokens
+    return json.loads(body)["choices"][0]["text"] == "tok " * num_tokens
+
+
+class Pool:
+    """Idle keep-alive connections to one port; a request takes one or opens a new one."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.idle: list[Connection] = []
+
+    async def send(self, raw: bytes) -> tuple[int, bytes]:
+        conn = self.idle.pop() if self.idle else await Connection.open(self.port)
+        try:
+            answer = await conn.request(raw)
+        except BaseException:
+            conn.close()
+            raise
+        self.idle.append(conn)
+        return answer
+
+    def close(self) -> None:
+        for conn in self.idle:
+            conn.close()
+
+
+async def closed_loop(port: int, concurrency: int, duration_s: float, warmup_s: float) -> dict[str, Any]:
+    """Saturation: `concurrency` clients back to back; completed non-streaming requests per second."""
+    raw = http_request(port, "/v1/completions", completion_body(stream=False))
+    counts = {"ok": 0, "errors": 0, "all": 0}
+    start = time.perf_counter()
+    measure_from, stop_at = start + warmup_s, start + warmup_s + duration_s
+    cpu_from = None
+
+    async def client() -> None:
+        nonlocal cpu_from
+        conn = await Connection.open(port)
+        while (now := time.perf_counter()) < stop_at:
+            status, body = await conn.request(raw)
+            counts["all"] += 1
+            if time.perf_counter() >= measure_from:
+                if cpu_from is None:
+                    cpu_from = time.process_time()
+                counts["ok" if check_answer(status, body, False, 1) else "errors"] += 1
+        conn.close()
+
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    cpu_s = time.process_time() - (cpu_from or time.process_time())
+    return {"requests_per_s": counts["ok"] / duration_s, "errors": counts["errors"], "requests_total": counts["all"],
+            "concurrency": concurrency,
+            "duration_s": duration_s, "load_generator_cpu_frac": cpu_s / duration_s}
+
+
+async def open_loop(port: int, rate_per_s: float, duration_s: float, warmup_s: float, seed: int) -> dict[str, Any]:
+    """Poisson arrivals at rate_per_s; latency counts from the scheduled arrival (no coordinated omission)."""
+    raw = http_request(port, "/v1/completions", completion_body(stream=False))
+    pool, rng = Pool(port), random.Random(seed)
+    latencies_s: list[float] = []
+    errors = 0
+    tasks = set()
+
+    async def one(scheduled: float, measured: bool) -> None:
+        nonlocal errors
+        try:
+            status, body = await pool.send(raw)
+            ok = check_answer(status, body, False, 1)
+        except (OSError, asyncio.IncompleteReadError):
+            ok = False
+        if measured and ok:
+            latencies_s.append(time.perf_counter() - scheduled)
+        elif measured:
+            errors += 1
+
+    start = time.perf_counter()
+    t, cpu_from = start, time.process_time()
+    while t < start + warmup_s + duration_s:
+        t += rng.expovariate(rate_per_s)
+        delay = t - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.create_task(one(t, t >= start + warmup_s))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    await asyncio.gather(*tasks)
+    cpu_s = time.process_time() - cpu_from
+    pool.close()
+    return {"rate_per_s": rate_per_s, "requests": len(latencies_s), "errors": errors,
+            "p50_ms": percentile(latencies_s, 0.50) * 1e3, "p90_ms": percentile(latencies_s, 0.90) * 1e3,
+            "p99_ms": percentile(latencies_s, 0.99) * 1e3, "mean_ms": statistics.fmean(latencies_s) * 1e3,
+            "load_generator_cpu_frac": cpu_s / (warmup_s + duration_s)}
+
+
+async def sequential_streams(port: int, num_requests: int, num_tokens: int) -> dict[str, Any]:
+    """One streaming request at a time; e2e (request sent -> [DONE] read) per request."""
+    raw = http_request(port, "/v1/completions", completion_body(stream=True, num_tokens=num_tokens))
+    conn = await Connection.open(port)
+    samples, errors = [], 0
+    for i in range(num_requests + WARMUP_REQUESTS):
+        started = time.perf_counter()
+        status, body = await conn.request(raw)
+        elapsed = time.perf_counter() - started
+        if i >= WARMUP_REQUESTS:
+            samples.append(elapsed)
+            errors += not check_answer(status, body, True, num_tokens)
+    conn.close()
+    return {"num_tokens": num_tokens, "requests": num_requests, "errors": errors,
+            "p50_ms": percentile(samples, 0.5) * 1e3, "mean_ms": statistics.fmean(samples) * 1e3}
+
+
+async def concurrent_streams(port: int, num_streams: int, num_tokens: int, chunk_delay_ms: float) -> dict[str, Any]:
+    """num_streams streaming requests at once, each on its own connection; all must finish whole."""
+    raw = http_request(port, "/v1/completions", completion_body(True, num_tokens, chunk_delay_ms))
+    state = {"open": 0, "peak_open": 0, "ok": 0, "errors": 0}
+    messages: list[str] = []
+    started = time.perf_counter()
+
+    async def one() -> None:
+        try:
+            conn = await Connection.open(port)
+            conn.writer.write(raw)
+            state["open"] += 1
+            state["peak_open"] = max(state["peak_open"], state["open"])
+            status, body = await conn.request(b"")
+            state["open"] -= 1
+            conn.close()
+            ok = check_answer(status, body, True, num_tokens)
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            messages.append(repr(exc))
+            ok = False
+        state["ok" if ok else "errors"] += 1
+
+    await asyncio.gather(*(one() for _ in range(num_streams)))
+    return {"streams": num_streams, "ok": state["ok"], "errors": state["errors"], "peak_open": state["peak_open"],
+            "chunks_per_stream": num_tokens, "chunk_delay_ms": chunk_delay_ms,
+            "wall_s": time.perf_counter() - started, "error_samples": messages[:5]}
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+JOBS = {"closed_loop": closed_loop, "open_loop": open_loop, "sequential_streams": sequential_streams,
+        "concurrent_streams": concurrent_streams}
+
+
+def run_job(job: str, **kwargs: Any) -> dict[str, Any]:
+    """Run one load-generator job in a fresh child process (its own CPU and event loop)."""
+    argv = [sys.executable, "-m", "loadtest.bench_gateway", "--job", json.dumps({"job": job, **kwargs})]
+    out = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=Path(__file__).resolve().parents[1])
+    if out.returncode != 0:
+        raise RuntimeError(f"load generator job {job} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout)
+
+
+def job_main(spec: str) -> None:
+    import uvloop
+
+    raise_fd_limit()
+    kwargs = json.loads(spec)
+    job = JOBS[kwargs.pop("job")]
+    print(json.dumps(uvloop.run(job(**kwargs))))
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+def raise_fd_limit() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 65536
+    if soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_healthy(port: int, proc: subprocess.Popen, path: str, timeout_s: float = 60.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process on port {port} exited with {proc.returncode}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}{path}", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"port {port}{path} not healthy after {timeout_s} s")
+
+
+@contextmanager
+def child(argv: list[str], port: int, path: str, log_dir: Path, env: dict | None = None) -> Iterator[subprocess.Popen]:
+    log = open(log_dir / f"{port}.log", "w")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            cwd=Path(__file__).resolve().parents[1])
+    try:
+        wait_healthy(port, proc, path)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def gateway_config(gateway_port: int, worker_port: int) -> dict[str, Any]:
+    return {
+        "gateway": {"host": "127.0.0.1", "port": gateway_port},
+        "pools": {"default": {"model": MODEL, "tokenizer": None, "policy": {"type": "kv_aware"},
+                              "workers": [{"name": "w0", "url": f"http://127.0.0.1:{worker_port}", "block_size": 16}]}},
+        "upstream": {"first_byte_timeout_s": 30.0, "idle_timeout_s": 30.0},
+    }
+
+
+def gateway_argv(config_path: Path) -> list[str]:
+    return [sys.executable, "-m", "kvgate", "gateway", "--config", str(config_path)]
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def with_cpu(pid: int, job: str, **kwargs: Any) -> dict[str, Any]:
+    """run_job, plus the CPU seconds process pid used meanwhile (robust to other load on the machine)."""
+    before = process_cpu_s(pid)
+    result = run_job(job, **kwargs)
+    return {**result, "server_cpu_s": process_cpu_s(pid) - before}
+
+
+def measure(gateway_port: int, worker_port: int, gateway_pid: int, quick: bool) -> dict[str, Any]:
+    scale = 0.3 if quick else 1.0
+    saturation = {"concurrency": 32, "duration_s": 8 * scale, "warmup_s": 2 * scale}
+    sat = {"direct": run_job("closed_loop", port=worker_port, **saturation),
+           "gateway": with_cpu(gateway_pid, "closed_loop", port=gateway_port, **saturation)}
+    rate = round(LOAD_FRACTION * sat["gateway"]["requests_per_s"], 1)
+    lat = {name: run_job("open_loop", port=port, rate_per_s=rate, duration_s=20 * scale, warmup_s=2 * scale, seed=1)
+           for name, port in (("direct", worker_port), ("gateway", gateway_port))}
+    streams = {}
+    for n in (1, 100):
+        streams[f"direct_{n}"] = run_job("sequential_streams", port=worker_port, num_requests=int(300 * scale),
+                                         num_tokens=n)
+        streams[f"gateway_{n}"] = with_cpu(gateway_pid, "sequential_streams", port=gateway_port,
+                                           num_requests=int(300 * scale), num_tokens=n)
+    many = run_job("concurrent_streams", port=gateway_port, num_streams=1000, num_tokens=20, chunk_delay_ms=50)
+    return {"saturation": sat, "latency_at_load": lat, "sequential_streams": streams, "concurrent_streams": many}
+
+
+def summarise(raw: dict[str, Any]) -> dict[str, Any]:
+    lat, streams = raw["latency_at_load"], raw["sequential_streams"]
+    per_chunk = (streams["gateway_100"]["p50_ms"] - streams["direct_100"]["p50_ms"]) / 100
+    marginal = ((streams["gateway_100"]["p50_ms"] - streams["gateway_1"]["p50_ms"])
+                - (streams["direct_100"]["p50_ms"] - streams["direct_1"]["p50_ms"])) / 99
+    many, sat_gw = raw["concurrent_streams"], raw["saturation"]["gateway"]
+    figures = {
+        "saturation_rps": raw["saturation"]["gateway"]["requests_per_s"],
+        "direct_saturation_rps": raw["saturation"]["direct"]["requests_per_s"],
+        "load_rate_rps": lat["gateway"]["rate_per_s"],
+        "added_p50_ms": lat["gateway"]["p50_ms"] - lat["direct"]["p50_ms"],
+        "added_p99_ms": lat["gateway"]["p99_ms"] - lat["direct"]["p99_ms"],
+        "per_chunk_overhead_ms": per_chunk,
+        "per_chunk_marginal_ms": marginal,
+        "gateway_cpu_ms_per_request": 1e3 * sat_gw["server_cpu_s"] / sat_gw["requests_total"],
+        "gateway_cpu_ms_per_chunk": 1e3 * (streams["gateway_100"]["server_cpu_s"] - streams["gateway_1"]["server_cpu_s"])
+        / (99 * (streams["gateway_100"]["requests"] + WARMUP_REQUESTS)),
+        "concurrent_streams_ok": many["ok"],
+        "concurrent_streams_errors": many["errors"],
+        "open_loop_errors": {"gateway": lat["gateway"]["errors"], "direct": lat["direct"]["errors"]},
+    }
+    figures["pass"] = {
+        "added_p50": figures["added_p50_ms"] <= TARGETS["added_p50_ms"],
+        "added_p99": figures["added_p99_ms"] <= TARGETS["added_p99_ms"],
+        "per_chunk": per_chunk <= TARGETS["per_chunk_overhead_ms"],
+        "concurrent_streams": many["ok"] == TARGETS["concurrent_streams"] and many["errors"] == 0,
+    }
+    return figures
+
+
+def markdown(result: dict[str, Any]) -> str:
+    f, raw = result["figures"], result["raw"]
+    lat, sat = raw["latency_at_load"], raw["saturation"]
+    mark = {True: "pass", False: "FAIL"}
+    many = raw["concurrent_streams"]
+    return f"""## Gateway overhead
+
+Command: `{result['command']}`
+Machine: {result['machine']} (shared; the gateway, the fake worker and the load generator share these cores)
+Date: {result['date']}
+
+A fake worker that answers at once (raw ASGI on uvicorn) behind the real gateway (`python -m kvgate gateway`,
+one uvicorn process, `tokenizer: null`, kv_aware policy); the load generator is a separate process (raw HTTP/1.1
+on asyncio + uvloop). "Added" = through the gateway minus straight to the fake worker, same requests, same rate.
+
+| figure | value | target | result |
+|---|---|---|---|
+| saturation, non-streaming (32 clients, closed loop) | {f['saturation_rps']:.0f} req/s (direct: {f['direct_saturation_rps']:.0f} req/s) | | |
+| added latency p50 at {f['load_rate_rps']:.0f} req/s (70% of saturation, Poisson) | {f['added_p50_ms']:.2f} ms ({lat['gateway']['p50_ms']:.2f} vs {lat['direct']['p50_ms']:.2f}) | <= {TARGETS['added_p50_ms']} ms | {mark[f['pass']['added_p50']]} |
+| added latency p99 at the same rate | {f['added_p99_ms']:.2f} ms ({lat['gateway']['p99_ms']:.2f} vs {lat['direct']['p99_ms']:.2f}) | <= {TARGETS['added_p99_ms']} ms | {mark[f['pass']['added_p99']]} |
+| per-chunk streaming overhead, 100-chunk stream, (gateway - direct) / 100 | {f['per_chunk_overhead_ms']:.3f} ms (marginal, 100 vs 1 chunk: {f['per_chunk_marginal_ms']:.3f} ms) | <= {TARGETS['per_chunk_overhead_ms']} ms | {mark[f['pass']['per_chunk']]} |
+| concurrent streams through the gateway ({many['chunks_per_stream']} chunks, {many['chunk_delay_ms']:.0f} ms apart) | {many['ok']} ok, {many['errors']} errors, peak {many['peak_open']} open | 1000, no errors | {mark[f['pass']['concurrent_streams']]} |
+
+Gateway CPU per non-streaming request (at saturation): {f['gateway_cpu_ms_per_request']:.2f} ms; per extra streamed
+chunk: {f['gateway_cpu_ms_per_chunk']:.3f} ms. These count only the gateway process's own CPU time, so they depend
+less on what else runs on the machine than the latencies do.
+Failed requests in the open-loop phase (connection errors at the load generator): gateway
+{raw['latency_at_load']['gateway']['errors']}, direct {raw['latency_at_load']['direct']['errors']}.
+Load generator CPU at saturation: {sat['gateway']['load_generator_cpu_frac']:.0%} of a core (it is not the
+bottleneck when this is well under 100%). Raw figures: `results/bench_gateway.json`.
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="shorter phases (a smoke run; figures are noisier)")
+    parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
+    parser.add_argument("--job", help=argparse.SUPPRESS)
+    parser.add_argument("--fake-worker", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.job:
+        return job_main(args.job)
+    if args.fake_worker:
+        return run_fake_worker(args.fake_worker)
+    fd_limit = raise_fd_limit()
+    worker_port, gateway_port = free_port(), free_port()
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp, ExitStack() as stack:
+        tmp_dir = Path(tmp)
+        config_path = tmp_dir / "gateway.yaml"
+        config_path.write_text(yaml.safe_dump(gateway_config(gateway_port, worker_port)))
+        stack.enter_context(child([sys.executable, "-m", "loadtest.bench_gateway", "--fake-worker", str(worker_port)],
+                                  worker_port, "/health", tmp_dir))
+        env = {**os.environ, "KVGATE_API_KEY": API_KEY}
+        gateway = stack.enter_context(child(gateway_argv(config_path), gateway_port, "/ready", tmp_dir, env=env))
+        raw = measure(gateway_port, worker_port, gateway.pid, args.quick)
+    from loadtest.benchdoc import machine_description, replace_section
+
+    result = {
+        "command": ".venv/bin/python -m loadtest.bench_gateway" + (" --quick" if args.quick else ""),
+        "machine": machine_description(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "python": sys.version.split()[0], "fd_limit": fd_limit, "targets": TARGETS, "raw": raw,
+    }
+    result["figures"] = summarise(raw)
+    RESULTS_PATH.parent.mkdir(exist_ok=True)
+    RESULTS_PATH.write_text(json.dumps(result, indent=2) + "\n")
+    if not args.no_doc:
+        replace_section("gateway", markdown(result))
+    print(json.dumps(result["figures"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
