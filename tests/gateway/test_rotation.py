@@ -1,0 +1,101 @@
+"""Rotation: breakers, health checks and slow-worker ejection take workers out and bring them back."""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+
+import httpx
+
+from gateway.breakers import CLOSED, HALF_OPEN, OPEN, WorkerBreaker
+from gateway.outliers import OutlierDetector
+from kvgate.config import OutlierConfig
+from tests.gateway.conftest import gateway_config, start_gateway, worker_entry
+from tests.processes import Process, fake_worker_process, running
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_breaker_opens_after_consecutive_failures_then_one_trial_closes_it():
+    changes = []
+    breaker = WorkerBreaker("w", fail_max=3, reset_timeout_s=0.2, on_change=lambda *c: changes.append(c[1:]))
+    for _ in range(2):
+        breaker.record_failure()
+    breaker.record_success()  # resets the count: failures must be consecutive
+    for _ in range(3):
+        breaker.record_failure()
+    assert breaker.state == OPEN and not breaker.available()
+    time.sleep(0.25)
+    assert breaker.available()
+    breaker.begin_attempt()
+    assert not breaker.available()  # one trial at a time
+    breaker.record_success()
+    assert breaker.state == CLOSED and breaker.available()
+    assert (CLOSED, OPEN) in changes and changes[-1] == (HALF_OPEN, CLOSED)
+
+
+def test_failed_trial_reopens_the_breaker():
+    breaker = WorkerBreaker("w", fail_max=1, reset_timeout_s=0.1)
+    breaker.record_failure()
+    time.sleep(0.15)
+    breaker.begin_attempt()
+    breaker.record_failure()
+    assert breaker.state == OPEN and not breaker.available()
+
+
+def test_slow_worker_is_ejected_against_its_peers_and_readmitted_later():
+    clock = FakeClock()
+    detector = OutlierDetector(OutlierConfig(min_samples=5, ratio=3.0, min_latency_s=0.1, ejection_s=30.0), clock)
+    for worker in ("a", "b", "c"):
+        detector.add_worker(worker)
+    for _ in range(5):
+        detector.observe("a", 0.05)
+        detector.observe("b", 0.06)
+    ejected = [detector.observe("c", 1.0) for _ in range(5)]
+    assert ejected == [False] * 4 + [True]
+    assert detector.is_ejected("c") and not detector.is_ejected("a")
+    clock.now += 31
+    assert not detector.is_ejected("c")
+
+
+def test_at_most_the_configured_fraction_of_a_pool_is_ejected():
+    detector = OutlierDetector(OutlierConfig(min_samples=1, ratio=2.0, min_latency_s=0.01,
+                                             max_ejected_fraction=0.34), FakeClock())
+    for worker in ("a", "b", "c"):
+        detector.add_worker(worker)
+    detector.observe("a", 0.01)
+    assert detector.observe("b", 1.0)
+    assert not detector.observe("c", 1.0)  # a second ejection would take 2 of 3 workers out
+
+
+def test_a_dead_worker_leaves_rotation_and_rejoins_when_it_comes_back(tmp_path):
+    with ExitStack() as stack:
+        first = fake_worker_process("status503")
+        stack.enter_context(running(first))
+        other = stack.enter_context(running(fake_worker_process("status503")))
+        config = gateway_config([worker_entry("a", first.url), worker_entry("b", other.url)], None)
+        gateway = start_gateway(stack, config, tmp_path)
+        first.stop()
+        assert _wait_for(lambda: 'kvgate_worker_healthy{worker="a"} 0.0' in httpx.get(f"{gateway.url}/metrics").text)
+        other.stop()
+        assert _wait_for(lambda: httpx.get(f"{gateway.url}/ready").status_code == 503)
+        assert httpx.get(f"{gateway.url}/ready").json()["missing"] == ["pool default: no healthy worker"]
+        port = int(first.url.rsplit(":", 1)[1])
+        revived = Process([*first.proc.args[:2], str(port), "status503"], first.url)
+        stack.enter_context(running(revived))
+        assert _wait_for(lambda: httpx.get(f"{gateway.url}/ready").status_code == 200)
+
+
+def _wait_for(predicate, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
