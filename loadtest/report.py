@@ -89,7 +89,8 @@ def write_report(results: Sequence[dict[str, Any]], out_dir: Path, title: str = 
     plots = write_plots(results, out_dir)
     first = results[0]
     lines = [f"# {title}", "", f"- command: `{first.get('command') or '-'}`", f"- machine: {first['machine']}",
-             f"- date: {first['created_at']}", "", "## Comparison", "", comparison_table(results), ""]
+             f"- date: {first['created_at']}", *([f"- {executor_line(first)}"] if executor_line(first) else []),
+             "", "## Comparison", "", comparison_table(results), ""]
     for result in results:
         lines += [f"## {result['name']}", "", _run_facts(result), "", run_summary_table(result), ""]
     lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
@@ -106,10 +107,38 @@ def _run_facts(result: dict[str, Any]) -> str:
             f"failovers {s.get('failovers', 0)}")
 
 
+def executor_line(result: dict[str, Any]) -> str | None:
+    """'Figures from the sim executor, timing: NAME' for fleet runs (None for runs against a URL)."""
+    fleet = (result.get("config") or {}).get("fleet")
+    if not fleet or fleet.get("executor") != "sim":
+        return None
+    return (f"Figures from the `sim` executor (timing model, no model math), timing: "
+            f"{sim_timing_name(fleet.get('worker_args') or [])}.")
+
+
+def sim_timing_name(worker_args: Sequence[str]) -> str:
+    """The `name=` of a `--sim-timing` worker argument; the default timing's name when there is none."""
+    spec = None
+    for i, arg in enumerate(worker_args):
+        if arg.startswith("--sim-timing="):
+            spec = arg.split("=", 1)[1]
+        elif arg == "--sim-timing" and i + 1 < len(worker_args):
+            spec = worker_args[i + 1]
+    if spec is None:
+        return f"default ({DEFAULT_SIM_TIMING_NAME}, docs/sim-calibration.md)"
+    named = [pair.split("=", 1)[1] for pair in spec.split(",") if pair.strip().startswith("name=")]
+    return named[0] if named else f"default with overrides `{spec}`"
+
+
+DEFAULT_SIM_TIMING_NAME = "Llama-3.1-8B-Instruct bf16 on 1x H100 SXM 80GB under vLLM (estimated from public figures)"
+
+
 def write_benchmarks_section(doc_path: Path, name: str, results: Sequence[dict[str, Any]],
                              command: str, machine: str | None = None) -> None:
     """Replace (or append) the section between the bench:NAME markers with a table built from results."""
+    executor = executor_line(results[0])
     markdown = "\n".join([f"### {name}", "", f"Command: `{command}`", "",
                           f"Machine: {machine or results[0]['machine']}; run {results[0]['created_at']}.", "",
+                          *([executor, ""] if executor else []),
                           comparison_table(results)])
     benchdoc.replace_section(name, markdown, doc_path)

@@ -8,6 +8,7 @@ import time
 from typing import Any, Sequence
 
 from loadtest.driver import DriverConfig, DriverRun, run_load
+from loadtest.oracle import oracle_hit_rate
 from loadtest.faults import FaultActions, FaultSpec, fault_report, run_schedule, scrape_counters
 from loadtest.report import build_result
 from loadtest.slo import Slo, summarize
@@ -44,7 +45,19 @@ def execute(specs: Sequence[RequestSpec], plan: RunPlan) -> dict[str, Any]:
         after = scrape_counters(plan.metrics_url) if plan.metrics_url else {}
         extra["faults"] = fault_report(plan.faults, run.records, summary, before, after, schedule_log)
     config = {**plan.config, "driver": _driver_json(plan.driver), "slo": _slo_json(plan.slo)}
-    return build_result(plan.name, config, run.records, summary, plan.oracle, plan.command, extra=extra)
+    oracle = _oracle_over_sent(specs, run.records, plan.oracle)
+    return build_result(plan.name, config, run.records, summary, oracle, plan.command, extra=extra)
+
+
+def _oracle_over_sent(specs: Sequence[RequestSpec], records: Sequence[Any], oracle: dict[str, Any] | None
+                      ) -> dict[str, Any] | None:
+    """The oracle over the requests this run actually issued (a run cut short by --duration-s sends fewer)."""
+    if not oracle or "block_size_tokens" not in oracle:
+        return oracle
+    sent = {r.index for r in records}
+    result = oracle_hit_rate([s for s in specs if s.index in sent], oracle["block_size_tokens"])
+    return {**oracle, "hit_rate": result.hit_rate, "prompt_tokens": result.prompt_tokens,
+            "shared_tokens": result.shared_tokens}
 
 
 async def _drive(specs: Sequence[RequestSpec], plan: RunPlan) -> tuple[DriverRun, list[dict[str, Any]]]:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 import heapq
 import sys
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import accumulate, repeat
+from operator import and_, neg
 
 from router.block_keys import chain_block_keys, model_seed
 from router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
@@ -299,23 +301,35 @@ class KvIndex:
 
 
 def _prefix_lengths(keys: Sequence[int], masks: dict[int, int]) -> dict[int, int]:
-    """{worker bit index: number of leading keys whose mask has that bit}."""
+    """{worker bit index: number of leading keys whose mask has that bit}.
+
+    held[i] = AND of the masks of keys 0..i only loses bits as i grows, so it never increases as
+    an int: each drop is found by bisection, in C, once per distinct value (at most one per worker).
+    Keys are looked up in growing chunks, and no further once no worker holds the prefix.
+    """
     lengths: dict[int, int] = {}
     if not keys or not masks:
         return lengths
-    key_masks = list(map(masks.get, keys, repeat(0)))
-    active = key_masks[0]
-    if not active:
-        return lengths
-    for i, mask in enumerate(key_masks):
-        if mask != active and mask & active != active:
-            still = active & mask
-            _record(active ^ still, i, lengths)
-            active = still
-            if not active:
-                return lengths
-    _record(active, len(keys), lengths)
+    held = _held_prefix_masks(keys, masks)
+    n, i = len(held), 0
+    while i < n and (active := held[i]):
+        end = bisect_right(held, -active, i, n, key=neg)  # first index holding fewer bits
+        still = held[end] if end < n else 0
+        _record(active ^ still, end, lengths)
+        i = end
     return lengths
+
+
+def _held_prefix_masks(keys: Sequence[int], masks: dict[int, int]) -> list[int]:
+    """Running AND of the keys' masks, up to and including the first 0 (or all keys)."""
+    held: list[int] = []
+    active, start, chunk = -1, 0, 32
+    get = masks.get
+    while start < len(keys) and active:
+        part = list(accumulate(map(get, keys[start : start + chunk], repeat(0)), and_, initial=active))
+        held += part[1:]
+        active, start, chunk = part[-1], start + chunk, chunk * 2
+    return held
 
 
 def _record(bits: int, length: int, lengths: dict[int, int]) -> None:

@@ -9,11 +9,16 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class LoadPriors:
-    """Starting rates before anything is measured, and the EWMA weight of each new sample."""
+    """Starting rates before anything is measured, and the EWMA weight of each new sample.
+
+    min_rate_sample_tokens: a prefill-rate sample needs at least this many tokens of prefill work
+    (its own plus those queued ahead of it); smaller ones mostly measure the per-step overhead.
+    """
 
     prefill_tokens_per_s: float = 8_000.0
     decode_tokens_per_s: float = 40.0
     ewma_alpha: float = 0.2
+    min_rate_sample_tokens: int = 512
 
     def __post_init__(self) -> None:
         if self.prefill_tokens_per_s <= 0:
@@ -22,6 +27,8 @@ class LoadPriors:
             raise ValueError("load.decode_tokens_per_s must be > 0")
         if not 0 < self.ewma_alpha <= 1:
             raise ValueError("load.ewma_alpha must be in (0, 1]")
+        if self.min_rate_sample_tokens < 1:
+            raise ValueError("load.min_rate_sample_tokens must be >= 1")
 
 
 @dataclass(slots=True)
@@ -52,6 +59,7 @@ class _InFlight:
     worker_id: str
     prefill_tokens: int
     dispatched_at: float
+    tokens_ahead: int = 0
     first_token_at: float | None = None
 
 
@@ -84,12 +92,17 @@ class LoadView:
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} is already in flight")
         load = self.get(worker_id)
+        ahead = max(0, load.prefill_tokens_queued)
         load.in_flight_requests += 1
         load.prefill_tokens_queued += prefill_tokens
-        self._requests[request_id] = _InFlight(worker_id, prefill_tokens, self._clock())
+        self._requests[request_id] = _InFlight(worker_id, prefill_tokens, self._clock(), ahead)
 
     def on_first_token(self, request_id: str) -> None:
-        """Prefill done: tokens leave the queue, a decode starts; the prefill rate is sampled."""
+        """Prefill done: tokens leave the queue, a decode starts; the prefill rate is sampled.
+
+        sample = (tokens queued ahead at dispatch + own prefill tokens) / time to first token: the
+        request waited for the work ahead of it, so its own tokens alone would under-read the rate.
+        """
         flight = self._requests.get(request_id)
         if flight is None or flight.first_token_at is not None:
             return
@@ -100,9 +113,9 @@ class LoadView:
         load.prefill_tokens_queued -= flight.prefill_tokens
         load.decode_seqs_running += 1
         elapsed_s = now - flight.dispatched_at
-        if flight.prefill_tokens > 0 and elapsed_s > 0:
-            sample = flight.prefill_tokens / elapsed_s
-            load.prefill_tokens_per_s = self._ewma(load.prefill_tokens_per_s, sample)
+        work = flight.tokens_ahead + flight.prefill_tokens
+        if flight.prefill_tokens > 0 and work >= self.priors.min_rate_sample_tokens and elapsed_s > 0:
+            load.prefill_tokens_per_s = self._ewma(load.prefill_tokens_per_s, work / elapsed_s)
 
     def on_finish(self, request_id: str, output_tokens: int = 0) -> None:
         """The request ended (any outcome): release its load; sample the per-sequence decode rate."""

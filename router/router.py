@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -78,6 +79,7 @@ class Router:
         self._unhealthy: set[str] = set()
         self._instances: dict[str, Policy] = {}
         self._instances_for: RoutingPolicies | None = None
+        self._cached_at_route: OrderedDict[str, dict[str, int]] = OrderedDict()
         for pool, specs in pools.items():
             self._pools.setdefault(pool, [])
             for spec in specs:
@@ -129,6 +131,7 @@ class Router:
             getattr(policy, "prediction_ttl_s", None),
             num_predicted=chosen.predicted_blocks,
         )
+        self._remember_cached(req.request_id, views, len(token_ids))
         return replace(
             decision,
             rule=rule.name,
@@ -184,11 +187,28 @@ class Router:
             views.append(WorkerView(spec.worker_id, get_load(spec.worker_id), spec.block_size, confirmed, predicted))
         return views
 
+    def _remember_cached(self, request_id: str | None, views: list[WorkerView], num_prompt_tokens: int) -> None:
+        """Keep each candidate's expected cached tokens until the request is dispatched (bounded LRU)."""
+        if not request_id:
+            return
+        self._cached_at_route[request_id] = {
+            v.worker_id: _cacheable_tokens(v.cached_blocks, v.block_size, num_prompt_tokens) for v in views
+        }
+        while len(self._cached_at_route) > _MAX_REMEMBERED_ROUTES:
+            self._cached_at_route.popitem(last=False)
+
     # -- load and outcome ------------------------------------------------------------------------
 
     def on_dispatch(self, worker_id: str, request_id: str, prefill_tokens: int) -> None:
-        """The gateway sent request_id to worker_id with prefill_tokens still to compute."""
-        self.load.on_dispatch(worker_id, request_id, prefill_tokens)
+        """The gateway sent request_id (the routed id, or `ID#attempt`) to worker_id with a prompt of prefill_tokens.
+
+        The prefix the router expected worker_id to hold when it routed the request is taken off, so
+        the load view queues only the tokens the worker must compute (the gateway passes the whole
+        prompt; if it ever passes the uncached count itself, drop this subtraction).
+        """
+        cached = self._cached_at_route.get(request_id) or self._cached_at_route.get(request_id.rpartition("#")[0])
+        expected_cached = (cached or {}).get(worker_id, 0)
+        self.load.on_dispatch(worker_id, request_id, max(0, prefill_tokens - expected_cached))
 
     def on_first_token(self, request_id: str) -> None:
         self.load.on_first_token(request_id)
@@ -203,6 +223,9 @@ class Router:
         stats.predicted_cached_tokens += predicted_cached_tokens
         stats.reported_cached_tokens += reported_cached_tokens
         stats.confirmed_cached_tokens += min(predicted_cached_tokens, reported_cached_tokens)
+
+
+_MAX_REMEMBERED_ROUTES = 16_384
 
 
 def _cacheable_tokens(cached_blocks: int, block_size: int, num_prompt_tokens: int) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,6 +16,9 @@ class KvAwareParams:
     """Weights of the TTFT model and the hot-spot guard; see KvAware for the formula."""
 
     slack: float = 0.5
+    recompute_weight: float = 1.0
+    hot_min_requests: int = 8
+    pool_prefill_rate: bool = True
     max_requests_per_worker: int | None = None
     predicted_weight: float = 1.0
     kv_pressure_threshold: float = 0.8
@@ -22,10 +26,15 @@ class KvAwareParams:
     queue_penalty_s: float = 0.05
     decode_penalty_s: float = 0.002
     tie_tolerance_s: float = 0.001
+    prediction_ttl_s: float = 10.0
     explain_top_k: int = 4
 
     def __post_init__(self) -> None:
         check_number("slack", self.slack, minimum=0)
+        check_number("recompute_weight", self.recompute_weight, minimum=0)
+        check_number("hot_min_requests", self.hot_min_requests, minimum=1, integer=True)
+        if not isinstance(self.pool_prefill_rate, bool):
+            raise ValueError(f"pool_prefill_rate: must be true or false, got {self.pool_prefill_rate!r}")
         check_number("max_requests_per_worker", self.max_requests_per_worker, minimum=1, integer=True, optional=True)
         check_number("predicted_weight", self.predicted_weight, minimum=0, maximum=1)
         check_number("kv_pressure_threshold", self.kv_pressure_threshold, minimum=0, maximum=0.999)
@@ -33,29 +42,44 @@ class KvAwareParams:
         check_number("queue_penalty_s", self.queue_penalty_s, minimum=0)
         check_number("decode_penalty_s", self.decode_penalty_s, minimum=0)
         check_number("tie_tolerance_s", self.tie_tolerance_s, minimum=0)
+        check_number("prediction_ttl_s", self.prediction_ttl_s, above=0)
         check_number("explain_top_k", self.explain_top_k, minimum=0, integer=True)
 
 
 class KvAware:
     """score_s = (prefill_tokens_queued + uncached_tokens) / prefill_tokens_per_s
+               + recompute_weight * uncached_tokens / prefill_tokens_per_s
                + kv_pressure_penalty_s * max(0, kv_usage - threshold) / (1 - threshold)
                + queue_penalty_s * waiting_requests + decode_penalty_s * decode_seqs_running
 
     cached = max(confirmed_blocks, predicted_weight * predicted_blocks) * block_size, capped at
-    the prompt; uncached_tokens = prompt - cached. Hot-spot guard: a worker with requests + 1 >
-    ceil((1 + slack) * (total + 1) / n), or >= max_requests_per_worker, ranks after every other
+    the prompt; uncached_tokens = prompt - cached. The first term is the request's own predicted
+    TTFT; the second charges the prefill it adds to the fleet (it delays every later request on
+    that worker and duplicates a prefix another worker may hold), so a worker already computing
+    or holding the prefix keeps winning until its queue is longer than another's by more than
+    (1 + recompute_weight) times the recompute. Hot-spot guard: a worker with requests + 1 >
+    max(ceil((1 + slack) * (total + 1) / n), hot_min_requests), or >= max_requests_per_worker
+    (the floor keeps a lightly loaded fleet from scattering prefixes), ranks after every other
     worker whatever it holds, so a hot prefix spreads. Among workers within tie_tolerance_s of the
     best score, two are sampled and the less loaded wins (power of two).
+
+    prefill_tokens_per_s is each worker's measured rate, or with pool_prefill_rate (default) the
+    median over the candidates: one noisy sample then can't make a worker of an identical pool look
+    fast (and attract everything) or slow (and never be sampled again).
+
+    The chosen worker's prompt keys are remembered as predicted for prediction_ttl_s: long enough
+    to cover a queued prefill, after which the worker's KV events confirm (or remove) them.
     """
 
     name = "kv_aware"
 
     def __init__(self, params: KvAwareParams = KvAwareParams(), *, rng: random.Random | None = None) -> None:
         self.params = params
+        self.prediction_ttl_s = params.prediction_ttl_s
         self._rng = rng or random.Random()
 
     def choose(self, req: RouteRequest, workers: Sequence[WorkerView]) -> RouteDecision:
-        scores, cached = self._scores(req, workers)
+        scores, ttfts, cached = self._scores(req, workers)
         hot = self._hot(workers)
         order = sorted(range(len(workers)), key=lambda i: (hot[i], scores[i]))
         order = self._break_tie(order, workers, scores, hot)
@@ -66,36 +90,44 @@ class KvAware:
                 workers[i].worker_id,
                 cached[i],
                 workers[i].load.num_requests,
-                scores[i] * 1000.0,
+                ttfts[i] * 1000.0,
                 "hot: over load bound" if hot[i] else None,
             )
             for i in top
         )
         return RouteDecision(self.name, ranked_ids, explanation)
 
-    def _scores(self, req: RouteRequest, workers: Sequence[WorkerView]) -> tuple[list[float], list[int]]:
+    def _scores(
+        self, req: RouteRequest, workers: Sequence[WorkerView]
+    ) -> tuple[list[float], list[float], list[int]]:
+        """Per worker: the score, the predicted TTFT alone (first term, for the explanation), cached blocks."""
         p = self.params
         prompt_tokens = req.num_prompt_tokens or 0
         threshold, kv_scale = p.kv_pressure_threshold, p.kv_pressure_penalty_s / (1 - p.kv_pressure_threshold)
+        shared_rate = statistics.median(w.load.prefill_tokens_per_s for w in workers) if p.pool_prefill_rate else None
         scores: list[float] = []
+        ttfts: list[float] = []
         cached_blocks: list[int] = []
         for worker in workers:
             load = worker.load
             blocks = max(worker.confirmed_blocks, int(p.predicted_weight * worker.predicted_blocks))
             uncached = prompt_tokens - min(blocks * worker.block_size, prompt_tokens)
-            score = (load.prefill_tokens_queued + uncached) / load.prefill_tokens_per_s
+            rate = shared_rate or load.prefill_tokens_per_s
+            ttft = (load.prefill_tokens_queued + uncached) / rate
+            score = ttft + p.recompute_weight * uncached / rate
             usage = load.kv_usage_frac
             if usage is not None and usage > threshold:
                 score += kv_scale * (usage - threshold)
             score += p.queue_penalty_s * (load.scraped_waiting_requests or 0)
             score += p.decode_penalty_s * load.decode_seqs_running
             scores.append(score)
+            ttfts.append(ttft)
             cached_blocks.append(blocks)
-        return scores, cached_blocks
+        return scores, ttfts, cached_blocks
 
     def _hot(self, workers: Sequence[WorkerView]) -> list[bool]:
         loads = [w.load.num_requests for w in workers]
-        bound = load_bound(sum(loads), len(workers), self.params.slack)
+        bound = max(load_bound(sum(loads), len(workers), self.params.slack), self.params.hot_min_requests)
         cap = self.params.max_requests_per_worker
         if cap is not None:
             bound = min(bound, cap)

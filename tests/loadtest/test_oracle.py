@@ -38,3 +38,16 @@ def test_oracle_replays_in_arrival_order_when_every_request_has_an_arrival_time(
 
 def test_no_prompts_means_no_hit_rate():
     assert oracle_hit_rate([], 16).hit_rate is None
+
+
+def test_a_run_cut_short_gets_the_oracle_of_the_requests_it_sent():
+    from loadtest.runner import _oracle_over_sent
+    from loadtest.types import RequestRecord
+
+    specs = [RequestSpec(index=i, kind="completion", max_tokens=1, prompt=p)
+             for i, p in enumerate(["a b", "a b", "c d", "c d"])]
+    sent = [RequestRecord(index=i, scheduled_s=0.0, start_s=0.0, end_s=1.0, status=200) for i in (0, 1)]
+    planned = {"hit_rate": 0.5, "block_size_tokens": 1, "prompt_tokens": 8, "shared_tokens": 4}
+    oracle = _oracle_over_sent(specs, sent, planned)
+    assert (oracle["prompt_tokens"], oracle["shared_tokens"], oracle["hit_rate"]) == (4, 2, 0.5)
+    assert _oracle_over_sent(specs, sent[:1], planned)["hit_rate"] == 0.0

@@ -81,3 +81,20 @@ def test_loading_a_file_that_is_not_a_result_fails(tmp_path):
     path.write_text("{}")
     with pytest.raises(ValueError, match="not a kvgate load-test result"):
         load_result(path)
+
+
+@pytest.mark.parametrize(
+    ("worker_args", "timing"),
+    [
+        ([], "default (Llama-3.1-8B-Instruct bf16 on 1x H100 SXM 80GB under vLLM (estimated from public figures)"),
+        (["--sim-timing=name=slow GPU,prefill_token_s=1e-4"], "slow GPU"),
+        (["--sim-timing", "prefill_token_s=1e-4"], "default with overrides `prefill_token_s=1e-4`"),
+    ],
+    ids=["default-timing", "named-override", "unnamed-override"],
+)
+def test_benchmarks_section_of_a_sim_fleet_names_the_executor_and_its_timing(tmp_path, worker_args, timing):
+    result = _result("kv_aware")
+    result["config"]["fleet"] = {"executor": "sim", "worker_args": worker_args}
+    doc = tmp_path / "benchmarks.md"
+    write_benchmarks_section(doc, "routing", [result], "kvgate bench fleet --workers 4")
+    assert f"Figures from the `sim` executor (timing model, no model math), timing: {timing}" in doc.read_text()

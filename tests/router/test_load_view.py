@@ -9,7 +9,8 @@ from router.load_view import LoadPriors, LoadView
 
 @pytest.fixture
 def loads(clock) -> LoadView:
-    return LoadView(LoadPriors(prefill_tokens_per_s=1000.0, decode_tokens_per_s=10.0, ewma_alpha=0.5), clock=clock)
+    priors = LoadPriors(prefill_tokens_per_s=1000.0, decode_tokens_per_s=10.0, ewma_alpha=0.5, min_rate_sample_tokens=100)
+    return LoadView(priors, clock=clock)
 
 
 def test_dispatch_counts_immediately(loads: LoadView) -> None:
@@ -25,6 +26,22 @@ def test_first_token_moves_prefill_to_decode_and_samples_the_rate(loads: LoadVie
     load = loads.get("w0")
     assert (load.prefill_tokens_queued, load.decode_seqs_running) == (0, 1)
     assert load.prefill_tokens_per_s == pytest.approx(1500.0)
+
+
+@pytest.mark.parametrize(
+    ("first_prefill", "second_prefill", "expected_rate"),
+    [(300, 200, 1250.0), (0, 50, 1000.0)],
+    ids=["queued-work-ahead-counts", "too-little-work-is-not-sampled"],
+)
+def test_prefill_rate_sample_counts_the_work_queued_ahead(
+    loads: LoadView, clock, first_prefill: int, second_prefill: int, expected_rate: float
+) -> None:
+    loads.on_dispatch("w0", "r1", prefill_tokens=first_prefill)
+    loads.on_dispatch("w0", "r2", prefill_tokens=second_prefill)
+    loads.on_finish("r1")  # a failure: no sample from r1
+    clock.advance(0.333333333)  # r2 waited for r1's 300 tokens, then its own 200: 1500 tokens/s
+    loads.on_first_token("r2")
+    assert loads.get("w0").prefill_tokens_per_s == pytest.approx(expected_rate, rel=1e-6)
 
 
 def test_finish_releases_and_samples_decode_rate(loads: LoadView, clock) -> None:

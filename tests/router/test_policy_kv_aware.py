@@ -22,7 +22,9 @@ PROMPT = 1024  # 64 blocks of 16
         ({}, [view("a", confirmed=20, decodes=40), view("b", confirmed=20)], "b"),
         ({}, [view("a", predicted=64), view("b", confirmed=10)], "a"),
         ({"predicted_weight": 0.0}, [view("a", predicted=64), view("b", confirmed=10)], "b"),
-        ({}, [view("a", confirmed=32, prefill_tokens_per_s=100.0), view("b", prefill_tokens_per_s=100_000.0)], "b"),
+        ({"pool_prefill_rate": False},
+         [view("a", confirmed=32, prefill_tokens_per_s=100.0), view("b", prefill_tokens_per_s=100_000.0)], "b"),
+        ({}, [view("a", confirmed=32, prefill_tokens_per_s=100.0), view("b", prefill_tokens_per_s=100_000.0)], "a"),
     ],
     ids=[
         "longest-prefix",
@@ -32,12 +34,36 @@ PROMPT = 1024  # 64 blocks of 16
         "running-decodes",
         "predicted-counts",
         "predicted-weight-zero",
-        "measured-prefill-rate",
+        "measured-prefill-rate-per-worker",
+        "pooled-prefill-rate",
     ],
 )
 def test_kv_aware_minimises_predicted_ttft(params: dict, table: list, expected_first: str) -> None:
     decision = KvAware(KvAwareParams(**params), rng=random.Random(0)).choose(request(PROMPT), table)
     assert decision.worker_id == expected_first
+
+
+@pytest.mark.parametrize(
+    ("params", "expected_first"),
+    [({}, "a"), ({"recompute_weight": 0.0}, "b")],
+    ids=["recompute-charged-stays-with-the-prefix", "own-ttft-only-duplicates-the-prefix"],
+)
+def test_worker_already_computing_the_prefix_wins_over_an_idle_one(params: dict, expected_first: str) -> None:
+    # a was just sent this prefix (predicted) and is still computing it: 1,100 tokens queued.
+    table = [view("a", predicted=64, queued=1100, requests=1), view("b")]
+    decision = KvAware(KvAwareParams(**params), rng=random.Random(0)).choose(request(PROMPT), table)
+    assert decision.worker_id == expected_first
+
+
+@pytest.mark.parametrize(
+    ("requests_on_holder", "params", "holder_first"),
+    [(2, {}, True), (2, {"hot_min_requests": 1}, False), (8, {}, False)],
+    ids=["light-load-keeps-the-prefix", "no-floor-spreads-at-once", "over-floor-and-bound-spreads"],
+)
+def test_hot_spot_guard_has_a_floor(requests_on_holder: int, params: dict, holder_first: bool) -> None:
+    table = [view("a", confirmed=64, requests=requests_on_holder), view("b"), view("c")]
+    decision = KvAware(KvAwareParams(**params), rng=random.Random(0)).choose(request(PROMPT), table)
+    assert (decision.worker_id == "a") is holder_first
 
 
 def test_hot_prefix_holder_is_skipped_so_the_prefix_spreads() -> None:
@@ -88,8 +114,12 @@ def test_explanation_shows_cached_blocks_and_predicted_ttft() -> None:
         ({"predicted_weight": 2}, "predicted_weight: must be <= 1, got 2"),
         ({"max_requests_per_worker": 1.5}, "max_requests_per_worker: must be an integer, got 1.5"),
         ({"queue_penalty_s": "x"}, "queue_penalty_s: must be a number, got 'x'"),
+        ({"recompute_weight": -0.5}, "recompute_weight: must be >= 0, got -0.5"),
+        ({"hot_min_requests": 0}, "hot_min_requests: must be >= 1, got 0"),
+        ({"prediction_ttl_s": 0}, "prediction_ttl_s: must be > 0, got 0"),
     ],
-    ids=["negative-slack", "weight-above-one", "float-cap", "string"],
+    ids=["negative-slack", "weight-above-one", "float-cap", "string", "negative-recompute-weight",
+         "zero-hot-floor", "zero-prediction-ttl"],
 )
 def test_bad_parameters_are_rejected(params: dict, message: str) -> None:
     with pytest.raises(ValueError) as excinfo:

@@ -51,7 +51,7 @@ def test_chosen_worker_gets_predicted_entries_until_they_expire(clock) -> None:
     keys = block_keys(PROMPT, 16, "m")
     assert router.index.match(keys) == {first.worker_id: (0, 4)}
     assert router.route(RouteRequest(model="m", prompt=PROMPT)).worker_id == first.worker_id
-    clock.advance(5.0)
+    clock.advance(11.0)  # kv_aware's prediction_ttl_s is 10 s
     assert router.index.match(keys) == {}
 
 
@@ -82,6 +82,19 @@ def test_dispatch_and_finish_move_load(clock) -> None:
     router.on_first_token("r1")
     router.on_finish("r1", output_tokens=5)
     assert router.load.get("w1").in_flight_requests == 0
+
+
+@pytest.mark.parametrize(
+    ("attempt_key", "worker", "queued"),
+    [("r1", "w2", 64 - 48), ("r1#1", "w2", 64 - 48), ("r1#2", "w0", 64), ("other", "w2", 64)],
+    ids=["routed-id", "first-attempt-key", "retry-on-a-worker-without-the-prefix", "unknown-request"],
+)
+def test_dispatch_queues_only_the_prefill_the_worker_must_compute(clock, attempt_key, worker, queued) -> None:
+    router = make_router(clock)
+    router.index.apply("w2", [BlockStored([1, 2, 3], None, PROMPT[:48], 16, None, "GPU")])
+    assert router.route(RouteRequest(model="m", prompt=PROMPT, request_id="r1")).worker_id == "w2"
+    router.on_dispatch(worker, attempt_key, prefill_tokens=len(PROMPT))
+    assert router.load.get(worker).prefill_tokens_queued == queued
 
 
 def test_closed_loop_counts_predicted_and_reported(clock) -> None:
