@@ -186,7 +186,32 @@ class RoutingTokenizer:
             encoding = self._tokenizer.encode(text, add_special_tokens=False)
             token_ids = encoding.ids
             self._store(hashes[-1], text, token_ids, encoding.offsets, 0, 0, None)
+            if len(messages) > 1 and self._cache_entries:
+                self._store_shared_head(messages[:-1], hashes[-2], text, encoding, tools, template_kwargs)
         return token_ids
+
+    def _store_shared_head(self, head: Sequence[Mapping[str, Any]], key: int, text: str, encoding: Any,
+                           tools: Any, template_kwargs: Mapping[str, Any]) -> None:
+        """Also cache the conversation minus its last message (e.g. a long system prompt), so a
+        request that shares only that head (same system prompt, new question) reuses its tokens."""
+        try:
+            head_text = self.render_chat(head, tools=tools, add_generation_prompt=False, **template_kwargs)
+        except ChatTemplateError:
+            return
+        if not head_text or not text.startswith(head_text):
+            return
+        cut = None
+        for j, (token_id, (start, _)) in enumerate(zip(encoding.ids, encoding.offsets)):
+            if start > len(head_text):
+                break
+            if token_id in self._special_ids:
+                cut = j
+        if cut is None or cut == 0:
+            return
+        cut_char = encoding.offsets[cut][0]
+        ids = array(_U32_TYPECODE, encoding.ids[:cut])
+        self._cache[key] = _CachedRender(len(head_text), _h128(head_text.encode()), cut_char, cut, ids)
+        self._cache.move_to_end(key)
 
     # -- prefix cache ----------------------------------------------------------------------------
 

@@ -98,3 +98,14 @@ def test_matches_transformers_apply_chat_template(tmp_path: Path) -> None:
     messages = conversation(3)
     expected = reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert RoutingTokenizer.from_dir(folder).render_chat(messages) == expected
+
+
+
+def test_requests_sharing_only_a_system_prompt_reuse_its_tokens(model_dir: Path) -> None:
+    cached = RoutingTokenizer.from_dir(model_dir)
+    uncached = RoutingTokenizer.from_dir(model_dir, prefix_cache_entries=0)
+    system = {"role": "system", "content": "You are a careful assistant. " * 50}
+    for question in ["first question?", "a second, different question", "12345 67890"]:
+        messages = [system, {"role": "user", "content": question}]
+        assert cached.encode_chat(messages) == uncached.encode_chat(messages), question
+    assert cached.prefix_cache_hits == 2
