@@ -70,6 +70,12 @@ def run_to_completion(engine: Engine) -> dict[str, RequestOutput]:
     return finals
 
 
+def step_until_all_decode(engine: Engine, num_seqs: int) -> None:
+    """Step until every one of num_seqs requests has its prompt computed and samples each step."""
+    while len(engine.step()) < num_seqs or engine.stats().num_waiting:
+        pass
+
+
 def rss_bytes() -> int:
     """This process's resident set size, from /proc/self/status (VmRSS, in kB)."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -96,17 +102,17 @@ def bench_continuous_batching(executor: TorchExecutor, num_requests: int, prompt
     run_to_completion(_with_requests(make_engine(executor), [prompts[0]], greedy(4)))  # warm-up
 
     engine = make_engine(executor, enable_prefix_caching=False, max_num_seqs=num_requests)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     batched = run_to_completion(_with_requests(engine, prompts, params))
-    batched_s = time.perf_counter() - start
+    batched_s, batched_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
 
     sequential: dict[str, RequestOutput] = {}
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     for i, prompt in enumerate(prompts):
         engine = make_engine(executor, enable_prefix_caching=False)
         sequential.update({f"r{i}": out for out in run_to_completion(_with_requests(engine, [prompt], params,
                                                                                      first_id=i)).values()})
-    sequential_s = time.perf_counter() - start
+    sequential_s, sequential_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
 
     total_tokens = num_requests * output_tokens
     same = sum(batched[rid].output_token_ids == sequential[rid].output_token_ids for rid in batched)
@@ -115,6 +121,10 @@ def bench_continuous_batching(executor: TorchExecutor, num_requests: int, prompt
         "batched_s": batched_s, "sequential_s": sequential_s,
         "batched_tokens_per_s": total_tokens / batched_s, "sequential_tokens_per_s": total_tokens / sequential_s,
         "batching_speedup": sequential_s / batched_s,
+        # CPU seconds of this process: less sensitive than wall time to other load on a shared machine.
+        "batched_cpu_s": batched_cpu_s, "sequential_cpu_s": sequential_cpu_s,
+        "batching_speedup_cpu_time": sequential_cpu_s / batched_cpu_s,
+        "load_average_1m_after": os.getloadavg()[0],
         "identical_outputs": f"{same}/{num_requests}",
     }
 
@@ -194,8 +204,7 @@ def bench_step_overhead(num_seqs: int, num_steps: int, prompt_tokens: int = 512,
     shared = random_tokens(rng, shared_tokens, executor.vocab_size)
     prompts = [shared + random_tokens(rng, prompt_tokens - shared_tokens, executor.vocab_size) for _ in range(num_seqs)]
     _with_requests(engine, prompts, greedy(num_steps + 8))
-    while engine.stats().num_waiting or len(engine.step()) < num_seqs:  # until every prompt is prefilled
-        pass
+    step_until_all_decode(engine, num_seqs)
     step_s = []
     for _ in range(num_steps):
         start = time.perf_counter()
@@ -320,8 +329,7 @@ def _decode_bandwidth(executor: TimedExecutor, batch_size: int, context_tokens: 
     warmup_steps = 8  # CUDA-graph capture and Triton compilation happen here
     prompts = [random_tokens(rng, context_tokens, vocab) for _ in range(batch_size)]
     _with_requests(engine, prompts, greedy(warmup_steps + decode_steps + 1))
-    while engine.stats().num_waiting or len(engine.step()) < batch_size:
-        pass
+    step_until_all_decode(engine, batch_size)
     for _ in range(warmup_steps):
         engine.step()
     executor.steps.clear()
@@ -358,7 +366,8 @@ def engine_markdown(result: dict) -> str:
         rows.append((f"continuous batching: output tokens/s, {batching['num_requests']} concurrent vs one at a time "
                      f"({batching['prompt_tokens']}-token prompts, {batching['output_tokens']} output tokens)",
                      f"{batching['batched_tokens_per_s']:.1f} vs {batching['sequential_tokens_per_s']:.1f} tok/s = "
-                     f"**{batching['batching_speedup']:.1f}x**", "batching_speedup", batching["batching_speedup"]))
+                     f"**{batching['batching_speedup']:.1f}x** (CPU-time ratio "
+                     f"{batching['batching_speedup_cpu_time']:.1f}x)", "batching_speedup", batching["batching_speedup"]))
     if prefix:
         rows.append((f"prefix caching: TTFT of a {prefix['prompt_tokens']}-token prompt with "
                      f"{prefix['shared_prefix_tokens']} tokens cached vs cold (block {prefix['block_size']}, "
@@ -389,7 +398,8 @@ def _header(result: dict, title: str) -> str:
     return "\n".join([
         f"### {title}", "",
         f"- Command: `{result['command']}`",
-        f"- Machine: {result['machine']}",
+        f"- Machine: {result['machine']} (shared; 1-minute load average {result['load_average_1m']:.1f} at "
+        f"start, {os.getloadavg()[0]:.1f} at the end)",
         f"- Date: {result['date']}",
         f"- Model: {result['model']}",
         f"- Results JSON: `results/bench_engine.json`",
@@ -441,7 +451,8 @@ def run(args: argparse.Namespace) -> dict:
     quick = args.quick
     result: dict = {
         "command": " ".join(["python -m loadtest.bench_engine", *sys.argv[1:]]),
-        "machine": machine_description(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine_description(), "load_average_1m": os.getloadavg()[0],
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "model": DEFAULT_SERVED_MODEL_NAME if args.model == "default" else str(model_dir),
     }
     parts: list[tuple[str, str, Callable[[], dict]]] = []

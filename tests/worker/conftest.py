@@ -158,7 +158,7 @@ def hf_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int) -> li
     import transformers
 
     config = transformers.GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=0,
-                                           eos_token_id=None, pad_token_id=0)
+                                           eos_token_id=[], pad_token_id=0)
     with torch.no_grad():
         out = hf_model(model_dir).generate(torch.tensor([prompt_ids]), generation_config=config,
                                            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long))
