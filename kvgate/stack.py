@@ -30,6 +30,7 @@ def worker_argv(worker: WorkerConfig) -> tuple[str, ...]:
         "--num-blocks": launch.num_blocks,
         "--max-num-batched-tokens": launch.max_num_batched_tokens,
         "--served-model-name": launch.served_model_name,
+        "--sim-timing": launch.sim_timing,
         "--kv-events-endpoint": worker.kv_events_endpoint,
     }
     for flag, value in optional.items():

@@ -127,6 +127,7 @@ class LaunchConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None
     served_model_name: str | None = None
+    sim_timing: str | None = None  # executor sim: "key=value,..." (docs/sim-calibration.md)
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:

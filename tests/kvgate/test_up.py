@@ -29,7 +29,7 @@ def test_up_starts_the_stack_serves_the_sdk_and_stops_cleanly_on_ctrl_c(model_di
         workers.append({"name": f"s{i}", "url": f"http://127.0.0.1:{port}",
                         "kv_events_endpoint": f"tcp://127.0.0.1:{kv}",
                         "launch": {"model": str(model_dir), "executor": "sim", "num_blocks": 256,
-                                   "served_model_name": "tiny", "extra_args": ["--sim-timing", "name=fast,step_overhead_s=0.001"]}})
+                                   "served_model_name": "tiny", "sim_timing": "name=fast,step_overhead_s=0.001"}})
     config = {"gateway": {"host": "127.0.0.1", "port": gateway_port},
               "pools": {"default": {"model": "tiny", "tokenizer": str(model_dir), "workers": workers}}}
     path = tmp_path / "stack.yaml"
