@@ -97,6 +97,8 @@ class RouteDecision:
             head.append(f"prompt_tokens={self.num_prompt_tokens}")
         if self.predicted_cached_tokens is not None:
             head.append(f"predicted_cached_tokens={self.predicted_cached_tokens}")
+        if self.tokenizer_mode is not None:
+            head.append(f"tokenizer={self.tokenizer_mode}")  # "approximate": byte chunks, no model tokenizer
         candidates = ", ".join(c.describe() for c in self.explanation) or ", ".join(self.worker_ids[:4])
         return " ".join(head) + " candidates=[" + candidates + "]"
 
