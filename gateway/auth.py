@@ -3,6 +3,8 @@
 Only SHA-256 digests are held. Config keys are compared with hmac.compare_digest against every
 known digest (no early exit), so the time taken does not depend on how much of a key matched.
 Keys are read from `Authorization: Bearer KEY` or `x-api-key`, never from the query string.
+A digest that matched a config key is remembered (a small dict keyed by the digest, so no key
+is held), and the next request with that key skips the comparisons.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ log = logging.getLogger("kvgate.gateway")
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 _REDIS_CACHE_TTL_S = 30.0
 _REDIS_NEGATIVE_TTL_S = 2.0
+_MAX_REMEMBERED_DIGESTS = 4096
 
 
 class KeyStore:
@@ -37,15 +40,24 @@ class KeyStore:
         self._redis = redis_client
         self._clock = clock
         self._cache: dict[str, tuple[str | None, float]] = {}
+        self._local_hits: dict[str, str] = {}  # digest -> tenant, for config keys seen lately
 
     async def tenant_for(self, key: str) -> str | None:
         digest = hash_key(key)
+        tenant = self._local_hits.get(digest)
+        if tenant is not None:
+            return tenant
         tenant = self._match_local(digest.encode())
-        if tenant is None and self._redis is not None:
+        if tenant is not None:
+            if len(self._local_hits) >= _MAX_REMEMBERED_DIGESTS:
+                self._local_hits.clear()
+            self._local_hits[digest] = tenant
+        elif self._redis is not None:
             tenant = await self._match_redis(digest)
         return tenant
 
     def _match_local(self, digest: bytes) -> str | None:
+        """Compared with every known digest (no early exit): the time does not depend on the key."""
         found = None
         for known, tenant in self._digests:
             if hmac.compare_digest(known, digest):

@@ -22,8 +22,10 @@ def serve(config: KvgateConfig, tokenizer_dirs: Mapping[str, Path], host: str, p
         core.policies.install_sighup()
     logging.getLogger("kvgate.gateway").info("gateway listening on http://%s:%d (pools: %s)", host, port,
                                              ", ".join(config.pools))
-    uvicorn.run(build_app(core), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5,
-                loop="uvloop", http="httptools", backlog=4096)
+    # Keep idle client connections longer than the usual load-balancer idle timeout (60 s), so
+    # a balancer never reuses a connection the gateway has just closed.
+    uvicorn.run(build_app(core, freeze_gc=True), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5,
+                loop="uvloop", http="httptools", backlog=4096, timeout_keep_alive=75)
     return 0
 
 

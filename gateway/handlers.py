@@ -62,7 +62,9 @@ async def _proxy(request: Request, kind: str, path: str) -> Response:
 
 
 async def _start(core: GatewayCore, request: Request, kind: str, path: str, body: dict[str, Any], tenant: str):
-    headers = {k: v for k, v in request.headers.items() if k in FORWARDED_HEADERS}
+    pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.scope["headers"]]
+    first = dict(reversed(pairs))  # Headers.get semantics: the first of repeated headers
+    headers = {k: v for k, v in pairs if k in FORWARDED_HEADERS}
     state = request.scope.get("state", {})
     headers.update(state.get("trace_headers", {}))
     request_id = state.get("request_id", "")
@@ -70,8 +72,9 @@ async def _start(core: GatewayCore, request: Request, kind: str, path: str, body
     route_req = RouteRequest(
         model=body["model"], messages=body.get("messages") if kind == "chat" else None,
         prompt=body.get("prompt") if kind == "completion" else None, tools=body.get("tools"),
-        request_id=request_id, tenant=tenant, priority=_priority(request), session_id=request.headers.get("x-session-id"),
-        headers={k.lower(): v for k, v in request.headers.items() if k.lower() not in ("authorization", "x-api-key")},
+        request_id=request_id, tenant=tenant, priority=_priority(first.get("x-priority")),
+        session_id=first.get("x-session-id"),
+        headers={k.lower(): v for k, v in pairs if k.lower() not in ("authorization", "x-api-key")},
         path=path)
     decision = _route(core, route_req)
     pool = decision.pool or core.models.get(body["model"], "")
@@ -105,8 +108,7 @@ def _route(core: GatewayCore, route_req: RouteRequest):
     return decision
 
 
-def _priority(request: Request) -> int | None:
-    value = request.headers.get("x-priority")
+def _priority(value: str | None) -> int | None:
     if value is None:
         return None
     try:
@@ -166,17 +168,29 @@ def _finish(core: GatewayCore, session: Session, tenant: str) -> None:
 
 
 async def _collect_unless_disconnected(request: Request, session: Session, held) -> dict | None:
-    work = asyncio.ensure_future(session.collect(held))
-    watch = asyncio.ensure_future(_wait_disconnect(request))
+    """session.collect(held) in this task; None if the client disconnects first (collect is cancelled)."""
+    task = asyncio.current_task()
+    disconnected = False
+
+    async def watch() -> None:
+        nonlocal disconnected
+        try:
+            await _wait_disconnect(request)
+        except Exception:  # noqa: BLE001 - a broken receive counts as a client gone away
+            pass
+        disconnected = True
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        return await session.collect(held)
+    except asyncio.CancelledError:
+        if not disconnected:
+            raise
+        task.uncancel()
+        return None
     finally:
-        watch.cancel()
-    if work in done:
-        return work.result()
-    work.cancel()
-    await asyncio.gather(work, return_exceptions=True)
-    return None
+        watcher.cancel()
 
 
 async def _wait_disconnect(request: Request) -> None:

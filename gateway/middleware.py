@@ -29,13 +29,18 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        incoming = headers.get("x-request-id", "")
+        incoming, has_parent = "", False
+        for name, value in scope["headers"]:  # the last of repeated headers wins, as in a dict of them
+            if name == b"x-request-id":
+                incoming = value.decode("latin-1")
+            elif name == b"traceparent":
+                has_parent = True
         request_id = incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
-        if "traceparent" not in headers and _no_tracer_installed():
+        if not has_parent and _no_tracer_installed():
             # a no-op tracer without a parent makes an invalid span: nothing to record or echo
             await self._call(scope, receive, send, request_id, {}, None)
             return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         parent = _propagator.extract(headers)
         with tracer.start_as_current_span(f"{scope['method']} {scope['path']}", context=parent,
                                           kind=trace.SpanKind.SERVER) as span:
@@ -98,10 +103,9 @@ class LimitsMiddleware:
 
     async def _read_body(self, scope: Scope, receive: Receive) -> tuple[bytes, GatewayError | None]:
         limit = self.limits.max_body_bytes
-        too_large = GatewayError(413, f"request body too large (limit {limit} bytes)", code="request_too_large")
         for name, value in scope["headers"]:
             if name == b"content-length" and value.isdigit() and int(value) > limit:
-                return b"", too_large
+                return b"", _too_large(limit)
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -110,10 +114,14 @@ class LimitsMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                return b"", too_large
+                return b"", _too_large(limit)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks), None
+
+
+def _too_large(limit: int) -> GatewayError:
+    return GatewayError(413, f"request body too large (limit {limit} bytes)", code="request_too_large")
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
