@@ -127,7 +127,9 @@ class Router:
         chosen = next(v for v in views if v.worker_id == decision.worker_id)
         self.index.record_prediction(
             chosen.worker_id,
-            keys_by_size[chosen.block_size],
+            # a tuple of ints: the index keeps it until the prediction expires (seconds), and unlike a
+            # list the collector stops tracking it, so these don't pile up as long-lived GC objects
+            tuple(keys_by_size[chosen.block_size]),
             getattr(policy, "prediction_ttl_s", None),
             num_predicted=chosen.predicted_blocks,
         )

@@ -16,6 +16,7 @@ class KvAwareParams:
     """Weights of the TTFT model and the hot-spot guard; see KvAware for the formula."""
 
     slack: float = 0.5
+    session_slack: float = 1.0
     recompute_weight: float = 1.0
     hot_min_requests: int = 8
     pool_prefill_rate: bool = True
@@ -31,6 +32,7 @@ class KvAwareParams:
 
     def __post_init__(self) -> None:
         check_number("slack", self.slack, minimum=0)
+        check_number("session_slack", self.session_slack, minimum=0)
         check_number("recompute_weight", self.recompute_weight, minimum=0)
         check_number("hot_min_requests", self.hot_min_requests, minimum=1, integer=True)
         if not isinstance(self.pool_prefill_rate, bool):
@@ -60,7 +62,11 @@ class KvAware:
     (1 + recompute_weight) times the recompute. Hot-spot guard: a worker with requests + 1 >
     max(ceil((1 + slack) * (total + 1) / n), hot_min_requests), or >= max_requests_per_worker
     (the floor keeps a lightly loaded fleet from scattering prefixes), ranks after every other
-    worker whatever it holds, so a hot prefix spreads. Among workers within tie_tolerance_s of the
+    worker whatever it holds, so a hot prefix spreads. A conversation is the exception: for a
+    request with a session id, a hot worker holding more of its prompt than every worker under the
+    bound (its history lives only there) is held to the wider bound of session_slack instead, since
+    moving it would recompute the whole history elsewhere and move the load rather than spread a
+    shared prefix; its queue still counts in the score. Among workers within tie_tolerance_s of the
     best score, two are sampled and the less loaded wins (power of two).
 
     prefill_tokens_per_s is each worker's measured rate, or with pool_prefill_rate (default) the
@@ -80,7 +86,7 @@ class KvAware:
 
     def choose(self, req: RouteRequest, workers: Sequence[WorkerView]) -> RouteDecision:
         scores, ttfts, cached = self._scores(req, workers)
-        hot = self._hot(workers)
+        hot, kept = self._hot(req, workers, cached)
         order = sorted(range(len(workers)), key=lambda i: (hot[i], scores[i]))
         order = self._break_tie(order, workers, scores, hot)
         ranked_ids = tuple(workers[i].worker_id for i in order)
@@ -91,7 +97,7 @@ class KvAware:
                 cached[i],
                 workers[i].load.num_requests,
                 ttfts[i] * 1000.0,
-                "hot: over load bound" if hot[i] else None,
+                "hot: over load bound" if hot[i] else "session: holds its history" if kept[i] else None,
             )
             for i in top
         )
@@ -125,13 +131,26 @@ class KvAware:
             cached_blocks.append(blocks)
         return scores, ttfts, cached_blocks
 
-    def _hot(self, workers: Sequence[WorkerView]) -> list[bool]:
+    def _hot(
+        self, req: RouteRequest, workers: Sequence[WorkerView], cached: list[int]
+    ) -> tuple[list[bool], list[bool]]:
+        """Per worker: over the load bound (ranks last); kept under the wider session bound instead."""
+        p = self.params
         loads = [w.load.num_requests for w in workers]
-        bound = max(load_bound(sum(loads), len(workers), self.params.slack), self.params.hot_min_requests)
+        hot = [load + 1 > self._bound(loads, p.slack) for load in loads]
+        kept = [False] * len(workers)
+        if req.session_id and any(hot) and p.session_slack > p.slack:
+            wide = self._bound(loads, p.session_slack)
+            best_cool = max((c for c, h in zip(cached, hot) if not h), default=0)
+            for i, load in enumerate(loads):
+                if hot[i] and cached[i] > best_cool and load + 1 <= wide:
+                    hot[i], kept[i] = False, True
+        return hot, kept
+
+    def _bound(self, loads: list[int], slack: float) -> int:
+        bound = max(load_bound(sum(loads), len(loads), slack), self.params.hot_min_requests)
         cap = self.params.max_requests_per_worker
-        if cap is not None:
-            bound = min(bound, cap)
-        return [load + 1 > bound for load in loads]
+        return bound if cap is None else min(bound, cap)
 
     def _break_tie(
         self, order: list[int], workers: Sequence[WorkerView], scores: list[float], hot: list[bool]

@@ -117,11 +117,44 @@ def test_explanation_shows_cached_blocks_and_predicted_ttft() -> None:
         ({"recompute_weight": -0.5}, "recompute_weight: must be >= 0, got -0.5"),
         ({"hot_min_requests": 0}, "hot_min_requests: must be >= 1, got 0"),
         ({"prediction_ttl_s": 0}, "prediction_ttl_s: must be > 0, got 0"),
+        ({"session_slack": -1}, "session_slack: must be >= 0, got -1"),
     ],
     ids=["negative-slack", "weight-above-one", "float-cap", "string", "negative-recompute-weight",
-         "zero-hot-floor", "zero-prediction-ttl"],
+         "zero-hot-floor", "zero-prediction-ttl", "negative-session-slack"],
 )
 def test_bad_parameters_are_rejected(params: dict, message: str) -> None:
     with pytest.raises(ValueError) as excinfo:
         KvAwareParams(**params)
     assert str(excinfo.value) == message
+
+
+@pytest.mark.parametrize(
+    ("session_id", "holder_load", "params", "holder_first"),
+    [
+        ("user-1", 10, {}, True),
+        (None, 10, {}, False),
+        ("user-1", 10, {"session_slack": 0.5}, False),
+        ("user-1", 20, {}, False),
+        ("user-1", 10, {"max_requests_per_worker": 10}, False),
+    ],
+    ids=["session-keeps-its-history-holder", "no-session-spreads", "no-wider-bound",
+         "over-the-session-bound-spreads", "hard-cap-still-applies"],
+)
+def test_conversation_stays_with_the_hot_worker_holding_its_history(
+    session_id: str | None, holder_load: int, params: dict, holder_first: bool
+) -> None:
+    # a holds the whole history (64 blocks), the others only the shared system prompt (8 blocks).
+    table = [view("a", confirmed=64, requests=holder_load),
+             *(view(w, confirmed=8, requests=4) for w in ("b", "c", "d"))]
+    decision = KvAware(KvAwareParams(**params), rng=random.Random(0)).choose(
+        request(PROMPT, session_id=session_id), table)
+    assert (decision.worker_id == "a") is holder_first
+    if holder_first:
+        assert decision.explanation[0].note == "session: holds its history"
+
+
+def test_session_exemption_needs_the_history_to_live_only_on_hot_workers() -> None:
+    # b (under the bound) holds as much as the hot a: moving costs nothing, so the guard applies.
+    table = [view("a", confirmed=64, requests=10), view("b", confirmed=64, requests=1), view("c", requests=2)]
+    decision = KvAware(rng=random.Random(0)).choose(request(PROMPT, session_id="user-1"), table)
+    assert decision.worker_id == "b"
