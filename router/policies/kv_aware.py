@@ -137,7 +137,8 @@ class KvAware:
         """Per worker: over the load bound (ranks last); kept under the wider session bound instead."""
         p = self.params
         loads = [w.load.num_requests for w in workers]
-        hot = [load + 1 > self._bound(loads, p.slack) for load in loads]
+        bound = self._bound(loads, p.slack)
+        hot = [load + 1 > bound for load in loads]
         kept = [False] * len(workers)
         if req.session_id and any(hot) and p.session_slack > p.slack:
             wide = self._bound(loads, p.session_slack)
