@@ -20,7 +20,7 @@ from worker.executor.torch_executor import TorchExecutor
 
 pytest.importorskip("transformers")
 
-from tests.worker.conftest import hf_model  # noqa: E402
+from tests.worker.conftest import hf_greedy  # noqa: E402
 
 BLOCK_SIZE = 4
 
@@ -32,22 +32,6 @@ def greedy(max_tokens: int) -> SamplingParams:
 def prompt(length: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(4, 384) for _ in range(length)]
-
-
-def reference_greedy(model_dir, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """transformers' generate(do_sample=False), exactly max_new_tokens tokens.
-
-    eos_token_id=[] rather than None: transformers 5 fills a None from the model's
-    generation_config.json and would stop at EOS, while these requests ignore EOS.
-    """
-    import transformers
-
-    config = transformers.GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=0,
-                                           eos_token_id=[], pad_token_id=0)
-    with torch.no_grad():
-        out = hf_model(model_dir).generate(torch.tensor([prompt_ids]), generation_config=config,
-                                           attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long))
-    return out[0, len(prompt_ids):].tolist()
 
 
 class RecordingExecutor:
@@ -102,7 +86,7 @@ def test_single_request_equals_transformers_generate(tiny_llama_dir):
 
     outputs = generate(engine, {"r": ids}, max_tokens=12)
 
-    assert outputs["r"] == reference_greedy(tiny_llama_dir, ids, 12)
+    assert outputs["r"] == hf_greedy(tiny_llama_dir, ids, 12)
 
 
 def test_sixteen_mixed_length_requests_batched_together_equal_generate(tiny_llama_dir):
@@ -114,7 +98,7 @@ def test_sixteen_mixed_length_requests_batched_together_equal_generate(tiny_llam
 
     assert len(executor.batches[0].chunks) == 16  # every prompt prefilled in one step
     assert all(len(batch.chunks) == 16 for batch in executor.batches)  # and decoded together
-    assert outputs == {rid: reference_greedy(tiny_llama_dir, ids, 8) for rid, ids in prompts.items()}
+    assert outputs == {rid: hf_greedy(tiny_llama_dir, ids, 8) for rid, ids in prompts.items()}
 
 
 @pytest.mark.parametrize(
@@ -136,7 +120,7 @@ def test_request_sharing_a_cached_prefix_reuses_blocks_and_equals_generate(
 
     assert out.num_cached_tokens == expected_cached_tokens
     assert executor.batches[-6].chunks[0].start_pos == expected_cached_tokens  # prefill skips the hit
-    assert out.output_token_ids == reference_greedy(tiny_llama_dir, second, 6)
+    assert out.output_token_ids == hf_greedy(tiny_llama_dir, second, 6)
     assert engine.stats().prefix_cache_hits_tokens == expected_cached_tokens
 
 
@@ -149,7 +133,7 @@ def test_chunked_prefill_under_a_tiny_token_budget_equals_generate(tiny_llama_di
     assert max(batch.num_tokens for batch in executor.batches) == 8
     assert any(c.sampling is None for batch in executor.batches for c in batch.chunks)  # prompts were split
     assert any(len({len(c.token_ids) > 1 for c in b.chunks}) == 2 for b in executor.batches)  # prefill + decode
-    assert outputs == {rid: reference_greedy(tiny_llama_dir, ids, 6) for rid, ids in prompts.items()}
+    assert outputs == {rid: hf_greedy(tiny_llama_dir, ids, 6) for rid, ids in prompts.items()}
 
 
 @pytest.mark.parametrize("enable_prefix_caching", [True, False], ids=["prefix-cache-on", "prefix-cache-off"])
@@ -161,7 +145,7 @@ def test_preemption_under_too_few_blocks_still_equals_generate(tiny_llama_dir, e
     outputs = generate(engine, prompts, max_tokens=16)
 
     assert engine.stats().num_preemptions > 0
-    assert outputs == {rid: reference_greedy(tiny_llama_dir, ids, 16) for rid, ids in prompts.items()}
+    assert outputs == {rid: hf_greedy(tiny_llama_dir, ids, 16) for rid, ids in prompts.items()}
     assert engine.block_manager.num_used_blocks == 0
 
 
