@@ -149,10 +149,10 @@ async def _observed(core: GatewayCore, session: Session, stream, tenant: str):
 
 def _finish(core: GatewayCore, session: Session, tenant: str) -> None:
     req, m = session.req, core.metrics
-    status = "200" if session.done else "499" if session.finish_reason is None else "200"
+    status = "200" if session.done or session.finish_reason is not None else "499"  # 499: client left
     m.child(m.requests, tenant, req.model, status).inc()
     m.child(m.e2e, req.model).observe(time.monotonic() - req.started_s)
-    usage = session._final_usage() or {}
+    usage = session.final_usage() or {}
     if usage:
         m.child(m.prompt_tokens, tenant, req.model).inc(usage.get("prompt_tokens", 0))
         m.child(m.completion_tokens, tenant, req.model).inc(usage.get("completion_tokens", 0))

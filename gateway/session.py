@@ -187,7 +187,7 @@ class Session:
                     break
                 pending = await self._failover(error)
         if self.req.client_include_usage:
-            usage = self._final_usage()
+            usage = self.final_usage()
             if usage is not None:
                 yield self.usage_raw if (self.failovers == 0 and self.usage_raw) else encode_event(
                     {**self._envelope(), "choices": [], "usage": usage})
@@ -281,7 +281,8 @@ class Session:
 
     # -- results -----------------------------------------------------------------------------
 
-    def _final_usage(self) -> dict[str, Any] | None:
+    def final_usage(self) -> dict[str, Any] | None:
+        """Usage as the client sees it: after a failover, the delivered tokens plus the continuation's."""
         usage = self.usage
         if self.failovers == 0 or usage is None:
             return usage
@@ -293,7 +294,7 @@ class Session:
 
     def _full_response(self) -> dict[str, Any]:
         first = self.first_payload or {}
-        usage = self._final_usage()
+        usage = self.final_usage()
         if self.req.kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": self.text}, "logprobs": None,
                       "finish_reason": self.finish_reason}
