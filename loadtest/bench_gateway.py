@@ -18,7 +18,6 @@ import json
 import os
 import random
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import yaml
+from loadtest.procs import free_port
 
 MODEL = "bench-model"
 API_KEY = "bench-key"
@@ -350,12 +350,6 @@ def raise_fd_limit() -> int:
     if soft < wanted:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_healthy(port: int, proc: subprocess.Popen, path: str, timeout_s: float = 60.0) -> None:
