@@ -22,7 +22,7 @@ from router.block_keys import block_keys
 from router.kv_index import KvIndex
 from router.subscriber import KvEventSubscriber
 from router.tokenization import RoutingTokenizer
-from tests.conftest import free_port
+from tests.conftest import free_port_pair
 from tests.processes import running, worker_process
 from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine
@@ -157,7 +157,7 @@ def test_router_keys_for_a_chat_equal_the_keys_a_real_worker_publishes(tiny_llam
     block_size = 4
     messages = [{"role": "system", "content": "You are a careful assistant."},
                 {"role": "user", "content": "What is the capital of France?"}]
-    kv_port = free_port()
+    kv_port = free_port_pair()
     tokenizer = RoutingTokenizer.from_dir(tiny_llama_dir)
     token_ids = tokenizer.encode_chat(messages)
     router_keys = block_keys(token_ids, block_size, "tiny")

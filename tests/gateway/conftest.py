@@ -55,9 +55,9 @@ def fleet(gateway_model_dir, tmp_path_factory):
     """Two real tiny-model workers (with KV events) behind a real gateway."""
     tmp = tmp_path_factory.mktemp("fleet")
     with ExitStack() as stack:
-        from tests.conftest import free_port
+        from tests.conftest import free_port_pair
 
-        kv_ports = [free_port() for _ in range(2)]
+        kv_ports = [free_port_pair() for _ in range(2)]
         workers = [start_tiny_worker(stack, gateway_model_dir, kv_port=p) for p in kv_ports]
         entries = [worker_entry(f"w{i}", w.url, kv_events_endpoint=f"tcp://127.0.0.1:{p}")
                    for i, (w, p) in enumerate(zip(workers, kv_ports))]

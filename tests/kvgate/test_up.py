@@ -12,7 +12,7 @@ import openai
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from tests.conftest import free_port, free_port_pair
 from tests.worker.conftest import build_model_dir
 
 
@@ -25,7 +25,7 @@ def test_up_starts_the_stack_serves_the_sdk_and_stops_cleanly_on_ctrl_c(model_di
     gateway_port = free_port()
     workers = []
     for i in range(2):
-        port, kv = free_port(), free_port()
+        port, kv = free_port(), free_port_pair()
         workers.append({"name": f"s{i}", "url": f"http://127.0.0.1:{port}",
                         "kv_events_endpoint": f"tcp://127.0.0.1:{kv}",
                         "launch": {"model": str(model_dir), "executor": "sim", "num_blocks": 256,
@@ -58,6 +58,7 @@ def test_up_starts_the_stack_serves_the_sdk_and_stops_cleanly_on_ctrl_c(model_di
         assert time.monotonic() - started < 10
     finally:
         proc.kill()
+        proc.wait()
         proc.stdout.close()
     for pid in children:
         assert not _alive(pid), f"child {pid} outlived kvgate up"
