@@ -41,9 +41,10 @@ def chain_block_keys(
     packed = token_ids if isinstance(token_ids, bytes) else pack_tokens_u32le(token_ids)
     stride = 4 * block_size
     num_blocks = len(packed) // stride
+    # struct cuts the blocks out in C (its format cache keeps the compiled layout)
+    blocks = struct.unpack(f"{stride}s" * num_blocks, packed[: num_blocks * stride])
     key = parent_key
-    return [key := _xxh3_64(_U64LE(key) + packed[start : start + stride])
-            for start in range(0, num_blocks * stride, stride)]
+    return [key := _xxh3_64(_U64LE(key) + block) for block in blocks]
 
 
 def block_keys(token_ids: Sequence[int] | bytes, block_size: int, model_name: str) -> list[int]:

@@ -1,15 +1,21 @@
-"""Who holds which block keys: confirmed (from KV events) and predicted (from recent decisions)."""
+"""Who holds which block keys: confirmed (from KV events) and predicted (from recent decisions).
+
+Both layers live in one dict, block key -> bitmask. The worker in slot s owns two bits: 2s
+(confirmed: its KV events say it holds the block) and 2s + 1 (predicted: the router sent it a
+prompt with that block recently). One lookup per prompt key answers both layers for every worker,
+so a routing decision walks the prompt's keys once.
+"""
 
 from __future__ import annotations
 
-from bisect import bisect_right
 import heapq
+import math
 import sys
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, repeat
-from operator import and_, neg
+from itertools import accumulate, compress, count, islice, repeat
+from operator import and_, ge, ne
 
 from router.block_keys import chain_block_keys, model_seed
 from router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
@@ -19,7 +25,9 @@ _INT_BYTES = sys.getsizeof(2**63)  # a 64-bit int object
 
 @dataclass(slots=True)
 class _Worker:
-    bit: int
+    slot: int
+    confirmed_bit: int  # 1 << 2 * slot
+    predicted_bit: int  # 1 << 2 * slot + 1
     seed: int
     max_blocks: int
     blocks: dict[Hashable, int] = field(default_factory=dict)  # engine hash -> key, oldest first
@@ -44,17 +52,19 @@ class IndexCounters:
 
 @dataclass(frozen=True, slots=True)
 class IndexStats:
-    """Memory report: entries per worker and an approximate size of the whole index."""
+    """Memory report: entries per worker and an approximate size of the whole index.
 
-    num_keys_confirmed: int
-    num_keys_predicted: int
+    num_keys: distinct block keys held by any worker, confirmed or predicted.
+    """
+
+    num_keys: int
     blocks_per_worker: dict[str, int]
     predicted_per_worker: dict[str, int]
     approx_bytes: int
 
 
 class KvIndex:
-    """Two layers over chained block keys, each a map key -> bitmask of workers.
+    """Two layers over chained block keys in one map key -> bitmask (two bits per worker).
 
     Confirmed entries come from BlockStored/BlockRemoved/AllBlocksCleared; each worker keeps its
     engine-hash -> key map (capped at max_blocks, oldest evicted first). Predicted entries are the
@@ -79,11 +89,10 @@ class KvIndex:
         self.counters = IndexCounters()
         self._clock = clock
         self._workers: dict[str, _Worker] = {}
-        self._worker_of_bit: dict[int, str] = {}
-        self._free_bits: list[int] = []
-        self._next_bit = 0
-        self._confirmed: dict[int, int] = {}
-        self._predicted: dict[int, int] = {}
+        self._worker_of_slot: dict[int, str] = {}
+        self._free_slots: list[int] = []
+        self._next_slot = 0
+        self._masks: dict[int, int] = {}
         self._expiry_heap: list[tuple[float, int, str, Sequence[int]]] = []
         self._heap_seq = 0
 
@@ -95,25 +104,24 @@ class KvIndex:
             raise ValueError(f"worker {worker_id!r} is already indexed")
         if max_blocks is not None and max_blocks < 1:
             raise ValueError("max_blocks must be >= 1")
-        bit = heapq.heappop(self._free_bits) if self._free_bits else self._take_bit()
+        slot = heapq.heappop(self._free_slots) if self._free_slots else self._take_slot()
         cap = max_blocks if max_blocks is not None else self.default_max_blocks
-        self._workers[worker_id] = _Worker(1 << bit, model_seed(model_name), cap)
-        self._worker_of_bit[bit] = worker_id
+        self._workers[worker_id] = _Worker(slot, 1 << 2 * slot, 1 << 2 * slot + 1, model_seed(model_name), cap)
+        self._worker_of_slot[slot] = worker_id
 
     def remove_worker(self, worker_id: str) -> None:
         """Drop everything known about a worker, confirmed and predicted."""
         worker = self._worker(worker_id)
         self.clear_worker(worker_id)
-        _clear_bit(self._predicted, worker.predicted, worker.bit)
+        _clear_bit(self._masks, worker.predicted, worker.predicted_bit)
         del self._workers[worker_id]
-        bit = worker.bit.bit_length() - 1
-        del self._worker_of_bit[bit]
-        heapq.heappush(self._free_bits, bit)
+        del self._worker_of_slot[worker.slot]
+        heapq.heappush(self._free_slots, worker.slot)
 
     def clear_worker(self, worker_id: str) -> None:
         """Forget a worker's confirmed blocks (AllBlocksCleared, restart, unrecoverable gap)."""
         worker = self._worker(worker_id)
-        _clear_bit(self._confirmed, worker.blocks.values(), worker.bit)
+        _clear_bit(self._masks, worker.blocks.values(), worker.confirmed_bit)
         worker.blocks = {}
         worker.extra_refs = {}
         self.counters.workers_cleared += 1
@@ -179,12 +187,12 @@ class KvIndex:
                 return
             self._unref(worker, old_key)
         blocks[engine_hash] = key
-        confirmed = self._confirmed
-        mask = confirmed.get(key, 0)
-        if mask & worker.bit:
+        masks, bit = self._masks, worker.confirmed_bit
+        mask = masks.get(key, 0)
+        if mask & bit:
             worker.extra_refs[key] = worker.extra_refs.get(key, 0) + 1
         else:
-            confirmed[key] = mask | worker.bit
+            masks[key] = mask | bit
         if len(blocks) > worker.max_blocks:
             self._unref(worker, blocks.pop(next(iter(blocks))))
             self.counters.blocks_evicted += 1
@@ -208,11 +216,11 @@ class KvIndex:
             else:
                 worker.extra_refs[key] = extra - 1
             return
-        mask = self._confirmed.get(key, 0) & ~worker.bit
+        mask = self._masks.get(key, 0) & ~worker.confirmed_bit
         if mask:
-            self._confirmed[key] = mask
+            self._masks[key] = mask
         else:
-            self._confirmed.pop(key, None)
+            self._masks.pop(key, None)
 
     # -- predicted layer -----------------------------------------------------------------------
 
@@ -222,20 +230,21 @@ class KvIndex:
         """Remember that worker_id was just sent a prompt with these keys (for ttl_s seconds).
 
         num_predicted: how many leading keys match() just reported predicted for this worker;
-        their expiry is refreshed without touching the shared masks again.
+        their expiry is refreshed without touching the shared masks again. keys is kept until
+        the prediction expires: pass a tuple (the collector does not track tuples of ints).
         """
         worker = self._worker(worker_id)
         if not keys:
             return
         now = self._clock()
         expiry = now + (ttl_s if ttl_s is not None else self.predicted_ttl_s)
-        worker.predicted.update(dict.fromkeys(keys, expiry))
-        predicted, bit = self._predicted, worker.bit
-        get = predicted.get
-        for key in keys[num_predicted:] if num_predicted else keys:
+        worker.predicted.update(zip(keys, repeat(expiry)))
+        masks, bit = self._masks, worker.predicted_bit
+        get = masks.get
+        for key in islice(keys, num_predicted, None):
             mask = get(key, 0)
             if not mask & bit:
-                predicted[key] = mask | bit
+                masks[key] = mask | bit
         self._heap_seq += 1
         heapq.heappush(self._expiry_heap, (expiry, self._heap_seq, worker_id, keys))
         self._expire(now)
@@ -247,16 +256,13 @@ class KvIndex:
             worker = self._workers.get(worker_id)
             if worker is None:
                 continue
-            expiries, predicted, bit = worker.predicted, self._predicted, worker.bit
-            for key in keys:
-                expiry = expiries.get(key)
-                if expiry is not None and expiry <= now:
-                    del expiries[key]
-                    mask = predicted.get(key, 0) & ~bit
-                    if mask:
-                        predicted[key] = mask
-                    else:
-                        predicted.pop(key, None)
+            expiries = worker.predicted
+            # keys predicted again since keep their newer expiry: usually all of them or none
+            stale = list(compress(keys, map(ge, repeat(now), map(expiries.get, keys, repeat(math.inf)))))
+            if stale:
+                for key in stale:
+                    expiries.pop(key, None)
+                _clear_bit(self._masks, stale, worker.predicted_bit)
 
     # -- lookup --------------------------------------------------------------------------------
 
@@ -266,13 +272,12 @@ class KvIndex:
         A prefix length n means the worker holds keys 0..n-1; absent workers hold (0, 0).
         """
         self._expire(self._clock())
-        confirmed = _prefix_lengths(keys, self._confirmed)
-        predicted = _prefix_lengths(keys, self._predicted)
-        names = self._worker_of_bit
-        result = {names[bit]: (n, predicted.get(bit, 0)) for bit, n in confirmed.items()}
-        for bit, n in predicted.items():
-            if bit not in confirmed:
-                result[names[bit]] = (0, n)
+        names = self._worker_of_slot
+        result: dict[str, tuple[int, int]] = {}
+        for bit, length in _prefix_lengths(keys, self._masks).items():
+            name = names[bit >> 1]
+            confirmed, predicted = result.get(name, (0, 0))
+            result[name] = (confirmed, length) if bit & 1 else (length, predicted)
         return result
 
     # -- report --------------------------------------------------------------------------------
@@ -281,13 +286,11 @@ class KvIndex:
         """Entries per worker and approximate bytes (dict tables + int objects)."""
         blocks = {w: len(s.blocks) for w, s in self._workers.items()}
         predicted = {w: len(s.predicted) for w, s in self._workers.items()}
-        table_bytes = sys.getsizeof(self._confirmed) + sys.getsizeof(self._predicted)
+        table_bytes = sys.getsizeof(self._masks)
         for state in self._workers.values():
             table_bytes += sys.getsizeof(state.blocks) + sys.getsizeof(state.predicted)
-        int_bytes = _INT_BYTES * (
-            2 * sum(blocks.values()) + len(self._confirmed) + 2 * sum(predicted.values())
-        )
-        return IndexStats(len(self._confirmed), len(self._predicted), blocks, predicted, table_bytes + int_bytes)
+        int_bytes = _INT_BYTES * (2 * sum(blocks.values()) + len(self._masks) + 2 * sum(predicted.values()))
+        return IndexStats(len(self._masks), blocks, predicted, table_bytes + int_bytes)
 
     def _worker(self, worker_id: str) -> _Worker:
         try:
@@ -295,33 +298,32 @@ class KvIndex:
         except KeyError:
             raise KeyError(f"worker {worker_id!r} is not indexed") from None
 
-    def _take_bit(self) -> int:
-        self._next_bit += 1
-        return self._next_bit - 1
+    def _take_slot(self) -> int:
+        self._next_slot += 1
+        return self._next_slot - 1
 
 
 def _prefix_lengths(keys: Sequence[int], masks: dict[int, int]) -> dict[int, int]:
-    """{worker bit index: number of leading keys whose mask has that bit}.
+    """{bit index: number of leading keys whose mask has that bit}, for bits set in keys[0]'s mask.
 
-    held[i] = AND of the masks of keys 0..i only loses bits as i grows, so it never increases as
-    an int: each drop is found by bisection, in C, once per distinct value (at most one per worker).
-    Keys are looked up in growing chunks, and no further once no worker holds the prefix.
+    held[i] = AND of the masks of keys 0..i only loses bits as i grows; the positions where it
+    changes are found in C, and each lost bit is recorded once (at most two per worker).
     """
     lengths: dict[int, int] = {}
-    if not keys or not masks:
-        return lengths
     held = _held_prefix_masks(keys, masks)
-    n, i = len(held), 0
-    while i < n and (active := held[i]):
-        end = bisect_right(held, -active, i, n, key=neg)  # first index holding fewer bits
-        still = held[end] if end < n else 0
-        _record(active ^ still, end, lengths)
-        i = end
+    if not held or not held[0]:
+        return lengths
+    for i in compress(count(1), map(ne, held, islice(held, 1, None))):
+        _record(held[i - 1] & ~held[i], i, lengths)
+    _record(held[-1], len(held), lengths)
     return lengths
 
 
 def _held_prefix_masks(keys: Sequence[int], masks: dict[int, int]) -> list[int]:
-    """Running AND of the keys' masks, up to and including the first 0 (or all keys)."""
+    """Running AND of the keys' masks, up to and including the first 0 (or all keys).
+
+    Keys are looked up in growing chunks, and no further once no worker holds the prefix.
+    """
     held: list[int] = []
     active, start, chunk = -1, 0, 32
     get = masks.get

@@ -119,27 +119,29 @@ class Router:
         tokenizer = self._tokenizers.get(req.model, self._approximate)
         token_ids = self._tokenize(tokenizer, req)
         keys_by_size = self._keys_by_block_size(token_ids, req.model, {s.block_size for s in specs})
-        views = self._views(specs, keys_by_size)
-        first_keys = keys_by_size[specs[0].block_size]
-        routed = replace(req, num_prompt_tokens=len(token_ids), block_keys=first_keys)
+        matches = {size: self.index.match(keys) for size, keys in keys_by_size.items()}
+        views = self._views(specs, matches)
+        routed = replace(req, num_prompt_tokens=len(token_ids), block_keys=keys_by_size[specs[0].block_size])
         policy = self._policy(rule)
         decision = policy.choose(routed, views)
-        chosen = next(v for v in views if v.worker_id == decision.worker_id)
+        chosen = decision.worker_id
+        block_size = self._specs[chosen].block_size
+        confirmed, predicted = matches[block_size].get(chosen, _NOTHING_HELD)
         self.index.record_prediction(
-            chosen.worker_id,
+            chosen,
             # a tuple of ints: the index keeps it until the prediction expires (seconds), and unlike a
             # list the collector stops tracking it, so these don't pile up as long-lived GC objects
-            tuple(keys_by_size[chosen.block_size]),
+            tuple(keys_by_size[block_size]),
             getattr(policy, "prediction_ttl_s", None),
-            num_predicted=chosen.predicted_blocks,
+            num_predicted=predicted,
         )
-        self._remember_cached(req.request_id, views, len(token_ids))
+        self._remember_cached(req.request_id, decision.worker_ids, matches, len(token_ids))
         return replace(
             decision,
             rule=rule.name,
             pool=pool,
             num_prompt_tokens=len(token_ids),
-            predicted_cached_tokens=_cacheable_tokens(chosen.cached_blocks, chosen.block_size, len(token_ids)),
+            predicted_cached_tokens=_cacheable_tokens(max(confirmed, predicted), block_size, len(token_ids)),
             tokenizer_mode=tokenizer.mode,
         )
 
@@ -180,22 +182,32 @@ class Router:
         seed = model_seed(model)
         return {size: chain_block_keys(packed, size, seed) for size in sizes}
 
-    def _views(self, specs: list[WorkerSpec], keys_by_size: dict[int, list[int]]) -> list[WorkerView]:
-        matches = {size: self.index.match(keys) for size, keys in keys_by_size.items()}
+    def _views(self, specs: list[WorkerSpec], matches: dict[int, dict[str, tuple[int, int]]]) -> list[WorkerView]:
         get_load = self.load.get
-        views = []
-        for spec in specs:
-            confirmed, predicted = matches[spec.block_size].get(spec.worker_id, (0, 0))
-            views.append(WorkerView(spec.worker_id, get_load(spec.worker_id), spec.block_size, confirmed, predicted))
-        return views
+        return [
+            WorkerView(spec.worker_id, get_load(spec.worker_id), spec.block_size,
+                       *matches[spec.block_size].get(spec.worker_id, _NOTHING_HELD))
+            for spec in specs
+        ]
 
-    def _remember_cached(self, request_id: str | None, views: list[WorkerView], num_prompt_tokens: int) -> None:
-        """Keep each candidate's expected cached tokens until the request is dispatched (bounded LRU)."""
+    def _remember_cached(
+        self,
+        request_id: str | None,
+        ranked: Sequence[str],
+        matches: dict[int, dict[str, tuple[int, int]]],
+        num_prompt_tokens: int,
+    ) -> None:
+        """Keep the expected cached tokens of the first ranked candidates (those the gateway will
+        try) until the request is dispatched (bounded LRU); any other worker counts as holding none."""
         if not request_id:
             return
-        self._cached_at_route[request_id] = {
-            v.worker_id: _cacheable_tokens(v.cached_blocks, v.block_size, num_prompt_tokens) for v in views
-        }
+        remembered = {}
+        for worker_id in ranked[:_REMEMBERED_CANDIDATES]:
+            block_size = self._specs[worker_id].block_size
+            blocks = max(matches[block_size].get(worker_id, _NOTHING_HELD))
+            if blocks:
+                remembered[worker_id] = _cacheable_tokens(blocks, block_size, num_prompt_tokens)
+        self._cached_at_route[request_id] = remembered
         while len(self._cached_at_route) > _MAX_REMEMBERED_ROUTES:
             self._cached_at_route.popitem(last=False)
 
@@ -228,6 +240,8 @@ class Router:
 
 
 _MAX_REMEMBERED_ROUTES = 16_384
+_REMEMBERED_CANDIDATES = 4  # the first attempt, its two retries and one mid-stream failover
+_NOTHING_HELD = (0, 0)
 
 
 def _cacheable_tokens(cached_blocks: int, block_size: int, num_prompt_tokens: int) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -85,61 +84,71 @@ class KvAware:
         self._rng = rng or random.Random()
 
     def choose(self, req: RouteRequest, workers: Sequence[WorkerView]) -> RouteDecision:
-        scores, ttfts, cached = self._scores(req, workers)
-        hot, kept = self._hot(req, workers, cached)
-        order = sorted(range(len(workers)), key=lambda i: (hot[i], scores[i]))
-        order = self._break_tie(order, workers, scores, hot)
+        scores, ttfts, cached, loads = self._scores(req, workers)
+        hot, kept = self._hot(req, loads, cached)
+        order = self._break_tie(_rank(scores, hot), loads, scores, hot)
         ranked_ids = tuple(workers[i].worker_id for i in order)
-        top = order[: self.params.explain_top_k]
         explanation = tuple(
             Candidate(
                 workers[i].worker_id,
                 cached[i],
-                workers[i].load.num_requests,
+                loads[i],
                 ttfts[i] * 1000.0,
                 "hot: over load bound" if hot[i] else "session: holds its history" if kept[i] else None,
             )
-            for i in top
+            for i in order[: self.params.explain_top_k]
         )
         return RouteDecision(self.name, ranked_ids, explanation)
 
     def _scores(
         self, req: RouteRequest, workers: Sequence[WorkerView]
-    ) -> tuple[list[float], list[float], list[int]]:
-        """Per worker: the score, the predicted TTFT alone (first term, for the explanation), cached blocks."""
+    ) -> tuple[list[float], list[float], list[int], list[int]]:
+        """Per worker: the score, the predicted TTFT alone (first term, for the explanation), cached
+        blocks and requests (WorkerLoad.num_requests). One pass, no calls: it runs for every
+        candidate of every request."""
         p = self.params
         prompt_tokens = req.num_prompt_tokens or 0
         threshold, kv_scale = p.kv_pressure_threshold, p.kv_pressure_penalty_s / (1 - p.kv_pressure_threshold)
-        shared_rate = statistics.median(w.load.prefill_tokens_per_s for w in workers) if p.pool_prefill_rate else None
+        recompute_weight, predicted_weight = p.recompute_weight, p.predicted_weight
+        queue_penalty_s, decode_penalty_s = p.queue_penalty_s, p.decode_penalty_s
+        shared_rate = _median([w.load.prefill_tokens_per_s for w in workers]) if p.pool_prefill_rate else None
         scores: list[float] = []
         ttfts: list[float] = []
         cached_blocks: list[int] = []
+        requests: list[int] = []
         for worker in workers:
             load = worker.load
-            blocks = max(worker.confirmed_blocks, int(p.predicted_weight * worker.predicted_blocks))
-            uncached = prompt_tokens - min(blocks * worker.block_size, prompt_tokens)
+            blocks = worker.confirmed_blocks
+            if worker.predicted_blocks:
+                predicted = int(predicted_weight * worker.predicted_blocks)
+                if predicted > blocks:
+                    blocks = predicted
+            cached_tokens = blocks * worker.block_size
+            uncached = prompt_tokens - cached_tokens if cached_tokens < prompt_tokens else 0
             rate = shared_rate or load.prefill_tokens_per_s
             ttft = (load.prefill_tokens_queued + uncached) / rate
-            score = ttft + p.recompute_weight * uncached / rate
+            score = ttft + recompute_weight * uncached / rate
             usage = load.kv_usage_frac
             if usage is not None and usage > threshold:
                 score += kv_scale * (usage - threshold)
-            score += p.queue_penalty_s * (load.scraped_waiting_requests or 0)
-            score += p.decode_penalty_s * load.decode_seqs_running
+            waiting, running = load.scraped_waiting_requests, load.scraped_running_requests
+            if waiting:
+                score += queue_penalty_s * waiting
+            if load.decode_seqs_running:
+                score += decode_penalty_s * load.decode_seqs_running
+            scraped = (waiting or 0) + (running or 0)
             scores.append(score)
             ttfts.append(ttft)
             cached_blocks.append(blocks)
-        return scores, ttfts, cached_blocks
+            requests.append(scraped if scraped > load.in_flight_requests else load.in_flight_requests)
+        return scores, ttfts, cached_blocks, requests
 
-    def _hot(
-        self, req: RouteRequest, workers: Sequence[WorkerView], cached: list[int]
-    ) -> tuple[list[bool], list[bool]]:
+    def _hot(self, req: RouteRequest, loads: list[int], cached: list[int]) -> tuple[list[bool], list[bool]]:
         """Per worker: over the load bound (ranks last); kept under the wider session bound instead."""
         p = self.params
-        loads = [w.load.num_requests for w in workers]
         bound = self._bound(loads, p.slack)
         hot = [load + 1 > bound for load in loads]
-        kept = [False] * len(workers)
+        kept = [False] * len(loads)
         if req.session_id and any(hot) and p.session_slack > p.slack:
             wide = self._bound(loads, p.session_slack)
             best_cool = max((c for c, h in zip(cached, hot) if not h), default=0)
@@ -153,14 +162,34 @@ class KvAware:
         cap = self.params.max_requests_per_worker
         return bound if cap is None else min(bound, cap)
 
-    def _break_tie(
-        self, order: list[int], workers: Sequence[WorkerView], scores: list[float], hot: list[bool]
-    ) -> list[int]:
+    def _break_tie(self, order: list[int], loads: list[int], scores: list[float], hot: list[bool]) -> list[int]:
+        """order is sorted by (hot, score): the tied workers are a prefix of it."""
         best = order[0]
-        limit = scores[best] + self.params.tie_tolerance_s
-        tied = [i for i in order if hot[i] == hot[best] and scores[i] <= limit]
+        limit, best_hot = scores[best] + self.params.tie_tolerance_s, hot[best]
+        tied = []
+        for i in order:
+            if hot[i] != best_hot or scores[i] > limit:
+                break
+            tied.append(i)
         if len(tied) < 2:
             return order
         a, b = self._rng.sample(tied, 2)
-        winner = b if workers[b].load.num_requests < workers[a].load.num_requests else a
+        winner = b if loads[b] < loads[a] else a
         return [winner, *(i for i in order if i != winner)]
+
+
+def _rank(scores: list[float], hot: list[bool]) -> list[int]:
+    """Indices sorted by (hot, score): every worker under the bound first."""
+    by_score = scores.__getitem__
+    if not any(hot):
+        return sorted(range(len(scores)), key=by_score)
+    return sorted((i for i, h in enumerate(hot) if not h), key=by_score) + sorted(
+        (i for i, h in enumerate(hot) if h), key=by_score
+    )
+
+
+def _median(values: list[float]) -> float:
+    """statistics.median without its generality (this runs per request)."""
+    values.sort()
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2

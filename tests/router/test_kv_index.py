@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from router.block_keys import block_keys
 from router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
@@ -59,8 +61,7 @@ def test_removing_a_worker_drops_all_its_entries(index: KvIndex) -> None:
     index.record_prediction("w0", KEYS)
     index.remove_worker("w0")
     assert index.match(KEYS) == {}
-    assert index.stats().num_keys_confirmed == 0
-    assert index.stats().num_keys_predicted == 0
+    assert index.stats().num_keys == 0
     index.add_worker("w2", model_name=MODEL)  # takes the freed slot, starts empty
     assert index.match(KEYS) == {}
 
@@ -73,7 +74,7 @@ def test_cap_evicts_the_oldest_blocks_first(clock) -> None:
     assert index.counters.blocks_evicted == 2
     assert index.match(KEYS) == {}  # keys 0 and 1 were the oldest
     assert index.match(KEYS[2:]) == {"w0": (3, 0)}  # the three youngest are still held
-    assert index.stats().num_keys_confirmed == 3
+    assert index.stats().num_keys == 3
 
 
 def test_two_engine_hashes_for_one_key_keep_it_until_both_are_removed(index: KvIndex) -> None:
@@ -110,7 +111,7 @@ def test_predicted_entries_expire_after_the_ttl(index: KvIndex, clock) -> None:
     assert index.match(KEYS) == {"w1": (0, 3)}
     clock.advance(0.2)
     assert index.match(KEYS) == {}
-    assert index.stats().num_keys_predicted == 0
+    assert index.stats().num_keys == 0
 
 
 def test_a_new_prediction_extends_the_expiry(index: KvIndex, clock) -> None:
@@ -137,3 +138,43 @@ def test_stats_report_entries_and_bytes(index: KvIndex) -> None:
 def test_events_for_an_unknown_worker_raise(index: KvIndex) -> None:
     with pytest.raises(KeyError, match="worker 'nope' is not indexed"):
         index.apply("nope", [AllBlocksCleared()])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    stored_prefixes=st.lists(st.integers(0, 6), min_size=3, max_size=3),
+    removed=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 6)), max_size=4),
+    predicted_prefixes=st.lists(st.integers(0, 6), min_size=3, max_size=3),
+)
+def test_match_equals_a_brute_force_walk_over_both_layers(
+    stored_prefixes: list[int], removed: list[tuple[int, int]], predicted_prefixes: list[int]
+) -> None:
+    """Workers store a prefix of the chain, lose some blocks, and get predictions of another prefix."""
+    index = KvIndex()
+    held: dict[str, set[int]] = {}
+    predicted: dict[str, set[int]] = {}
+    for w, (n_stored, n_predicted) in enumerate(zip(stored_prefixes, predicted_prefixes)):
+        worker = f"w{w}"
+        index.add_worker(worker, model_name=MODEL)
+        if n_stored:
+            index.apply(worker, [stored(list(range(1, n_stored + 1)), TOKENS[: n_stored * B])])
+        held[worker] = set(range(n_stored))
+        if n_predicted:
+            index.record_prediction(worker, tuple(KEYS[:n_predicted]))
+        predicted[worker] = set(range(n_predicted))
+    for w, engine_hash in removed:
+        index.apply(f"w{w}", [BlockRemoved([engine_hash])])
+        held[f"w{w}"].discard(engine_hash - 1)
+
+    def prefix(blocks: set[int]) -> int:
+        n = 0
+        while n in blocks:
+            n += 1
+        return n
+
+    expected = {
+        worker: (prefix(held[worker]), prefix(predicted[worker]))
+        for worker in held
+        if prefix(held[worker]) or prefix(predicted[worker])
+    }
+    assert index.match(KEYS) == expected
