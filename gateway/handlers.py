@@ -9,6 +9,7 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from gateway.core import GatewayCore
 from gateway.errors import GatewayError, UpstreamError
@@ -24,48 +25,76 @@ def _core(request: Request) -> GatewayCore:
     return request.app.state.core
 
 
-async def chat_completions(request: Request) -> Response:
-    return await _proxy(request, "chat", "/v1/chat/completions")
+class ProxyEndpoint:
+    """POST /v1/chat/completions and /v1/completions: validate, route, proxy.
+
+    A plain ASGI app (Starlette routes to it without building Request and Response objects): this
+    is the one path every completion takes, so it does no more per request than it must.
+    """
+
+    def __init__(self, kind: str, path: str) -> None:
+        self.kind, self.path = kind, path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        core: GatewayCore = scope["app"].state.core
+        tenant = scope.get("state", {}).get("tenant", "anonymous")
+        model_label = "unknown"
+        try:
+            body = _parse_body(await _read_body(receive), self.kind)
+            model = body["model"]
+            model_label = model if model in core.models else "unknown"
+            session, held, decision = await _start(core, scope, self.kind, self.path, body, tenant)
+        except GatewayError as error:
+            core.metrics.child(core.metrics.requests, tenant, model_label, str(error.status)).inc()
+            await error.response()(scope, receive, send)
+            return
+        except UpstreamError as error:  # the worker refused the request itself (4xx): pass its answer on
+            core.metrics.child(core.metrics.requests, tenant, model_label, str(error.status)).inc()
+            await Response(error.body, status_code=error.status or 502, media_type="application/json")(
+                scope, receive, send)
+            return
+        headers = [(b"x-kvgate-worker", session.tried[-1].encode())]
+        if core.config.routing.debug_header:
+            headers.append((b"x-kvgate-route", decision.explain()[:2000].encode("latin-1", "replace")))
+        if session.req.client_stream:
+            response = StreamingResponse(_observed(core, session, session.stream(held), tenant),
+                                         media_type="text/event-stream", headers={"cache-control": "no-cache"})
+            response.raw_headers += headers
+            await response(scope, receive, send)
+            return
+        result = await _collect_unless_disconnected(receive, session, held)
+        if result is None:
+            await send({"type": "http.response.start", "status": 499, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        _finish(core, session, tenant)
+        content = json.dumps(result, ensure_ascii=False, separators=(",", ":")).encode()
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode()),
+                    (b"x-kvgate-failovers", str(session.failovers).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": content})
 
 
-async def completions(request: Request) -> Response:
-    return await _proxy(request, "completion", "/v1/completions")
+chat_completions = ProxyEndpoint("chat", "/v1/chat/completions")
+completions = ProxyEndpoint("completion", "/v1/completions")
 
 
-async def _proxy(request: Request, kind: str, path: str) -> Response:
-    core = _core(request)
-    tenant = request.scope.get("state", {}).get("tenant", "anonymous")
-    model_label = "unknown"
-    try:
-        body = _parse_body(await request.body(), kind)
-        model = body["model"]
-        model_label = model if model in core.models else "unknown"
-        session, held, decision = await _start(core, request, kind, path, body, tenant)
-    except GatewayError as error:
-        core.metrics.child(core.metrics.requests, tenant, model_label, str(error.status)).inc()
-        return error.response()
-    except UpstreamError as error:  # the worker refused the request itself (4xx): pass its answer on
-        core.metrics.child(core.metrics.requests, tenant, model_label, str(error.status)).inc()
-        return Response(error.body, status_code=error.status or 502, media_type="application/json")
-    headers = {"x-kvgate-worker": session.tried[-1]}
-    if core.config.routing.debug_header:
-        headers["x-kvgate-route"] = decision.explain()[:2000]
-    if session.req.client_stream:
-        return StreamingResponse(_observed(core, session, session.stream(held), tenant),
-                                 media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"})
-    result = await _collect_unless_disconnected(request, session, held)
-    if result is None:
-        return Response(status_code=499)
-    _finish(core, session, tenant)
-    headers["x-kvgate-failovers"] = str(session.failovers)
-    return JSONResponse(result, headers=headers)
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise GatewayError(400, "client disconnected while sending the body")
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
-async def _start(core: GatewayCore, request: Request, kind: str, path: str, body: dict[str, Any], tenant: str):
-    pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.scope["headers"]]
+async def _start(core: GatewayCore, scope: Scope, kind: str, path: str, body: dict[str, Any], tenant: str):
+    pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
     first = dict(reversed(pairs))  # Headers.get semantics: the first of repeated headers
     headers = {k: v for k, v in pairs if k in FORWARDED_HEADERS}
-    state = request.scope.get("state", {})
+    state = scope.get("state", {})
     headers.update(state.get("trace_headers", {}))
     request_id = state.get("request_id", "")
     headers["x-request-id"] = request_id
@@ -167,7 +196,7 @@ def _finish(core: GatewayCore, session: Session, tenant: str) -> None:
                 m.prediction_hit_ratio.set(ratio)
 
 
-async def _collect_unless_disconnected(request: Request, session: Session, held) -> dict | None:
+async def _collect_unless_disconnected(receive: Receive, session: Session, held) -> dict | None:
     """session.collect(held) in this task; None if the client disconnects first (collect is cancelled)."""
     task = asyncio.current_task()
     disconnected = False
@@ -175,7 +204,7 @@ async def _collect_unless_disconnected(request: Request, session: Session, held)
     async def watch() -> None:
         nonlocal disconnected
         try:
-            await _wait_disconnect(request)
+            await _wait_disconnect(receive)
         except Exception:  # noqa: BLE001 - a broken receive counts as a client gone away
             pass
         disconnected = True
@@ -193,8 +222,8 @@ async def _collect_unless_disconnected(request: Request, session: Session, held)
         watcher.cancel()
 
 
-async def _wait_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
         pass
 
 
