@@ -70,6 +70,8 @@ class WorkerBreaker:
 
     def record_success(self) -> None:
         self._trial_in_flight = False
+        if self._breaker.fail_counter == 0 and self.state == CLOSED:
+            return  # nothing to reset (the common case: skip pybreaker's locked state machine)
         try:
             self._breaker.call(_succeed)
         except pybreaker.CircuitBreakerError:

@@ -6,7 +6,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from router.block_keys import chain_block_keys, model_seed, pack_tokens_u32le
 from router.kv_index import KvIndex
@@ -121,7 +121,7 @@ class Router:
         keys_by_size = self._keys_by_block_size(token_ids, req.model, {s.block_size for s in specs})
         matches = {size: self.index.match(keys) for size, keys in keys_by_size.items()}
         views = self._views(specs, matches)
-        routed = replace(req, num_prompt_tokens=len(token_ids), block_keys=keys_by_size[specs[0].block_size])
+        routed = _with_prompt(req, len(token_ids), keys_by_size[specs[0].block_size])
         policy = self._policy(rule)
         decision = policy.choose(routed, views)
         chosen = decision.worker_id
@@ -136,8 +136,10 @@ class Router:
             num_predicted=predicted,
         )
         self._remember_cached(req.request_id, decision.worker_ids, matches, len(token_ids))
-        return replace(
-            decision,
+        return RouteDecision(
+            decision.policy,
+            decision.worker_ids,
+            decision.explanation,
             rule=rule.name,
             pool=pool,
             num_prompt_tokens=len(token_ids),
@@ -242,6 +244,12 @@ class Router:
 _MAX_REMEMBERED_ROUTES = 16_384
 _REMEMBERED_CANDIDATES = 4  # the first attempt, its two retries and one mid-stream failover
 _NOTHING_HELD = (0, 0)
+
+
+def _with_prompt(req: RouteRequest, num_prompt_tokens: int, block_keys: Sequence[int]) -> RouteRequest:
+    """req with the router's prompt facts (dataclasses.replace costs more than this per decision)."""
+    return RouteRequest(req.model, req.messages, req.prompt, req.tools, req.request_id, req.tenant, req.priority,
+                        req.session_id, req.headers, req.path, num_prompt_tokens, block_keys)
 
 
 def _cacheable_tokens(cached_blocks: int, block_size: int, num_prompt_tokens: int) -> int:

@@ -123,3 +123,14 @@ def test_exact_tokenizer_is_used_when_configured(clock, tmp_path) -> None:
     decision = router.route(RouteRequest(model="m", messages=[{"role": "user", "content": "Hello there"}]))
     assert decision.tokenizer_mode == "exact"
     assert decision.num_prompt_tokens == len(tokenizer.encode_chat([{"role": "user", "content": "Hello there"}]))
+
+
+def test_with_prompt_copies_every_field_of_the_request() -> None:
+    """_with_prompt is a hand-written dataclasses.replace: it must keep up with RouteRequest's fields."""
+    import dataclasses
+
+    from router.router import _with_prompt
+
+    values = {f.name: f"value of {f.name}" for f in dataclasses.fields(RouteRequest) if f.name != "messages"}
+    req = RouteRequest(**values)  # every field set to something other than its default
+    assert _with_prompt(req, 7, (1, 2)) == dataclasses.replace(req, num_prompt_tokens=7, block_keys=(1, 2))
