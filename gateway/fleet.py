@@ -180,6 +180,10 @@ class Fleet:
         for worker in self.workers.values():
             if worker.subscriber is not None:
                 self.metrics.kv_events.labels(worker=worker.worker_id).set(worker.subscriber.counters.events_applied)
+        stats = self.router.index.stats()
+        for worker_id, blocks in stats.blocks_per_worker.items():
+            self.metrics.kv_index_blocks.labels(worker=worker_id).set(blocks)
+        self.metrics.kv_index_bytes.set(stats.approx_bytes)
 
 
 def parse_vllm_load(text: str) -> dict:

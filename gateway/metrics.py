@@ -53,6 +53,8 @@ class GatewayMetrics:
                                ["worker"], registry=r)
         self.kv_index_blocks = Gauge("kvgate_kv_index_blocks", "Confirmed blocks indexed per worker.",
                                      ["worker"], registry=r)
+        self.kv_index_bytes = Gauge("kvgate_kv_index_bytes", "Approximate memory of the KV index (both layers).",
+                                    registry=r)
 
         self._children: dict[tuple, object] = {}
 

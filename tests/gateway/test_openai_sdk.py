@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import openai
@@ -107,3 +108,16 @@ def test_health_ready_and_metrics(fleet):
                  "kvgate_breaker_state", "kvgate_e2e_request_latency_seconds_bucket", "kvgate_prompt_tokens_total"):
         assert name in text, name
     assert API_KEY not in text
+
+
+def test_index_size_is_exported_once_kv_events_arrive(client, fleet):
+    """The KV index reports its size: blocks per worker (from the workers' events) and bytes."""
+    from tests.gateway.test_faults import metric_value
+
+    raw = client.completions.with_raw_response.create(model=MODEL, prompt="index me " * 20, max_tokens=1, **GREEDY)
+    worker = raw.headers["x-kvgate-worker"]
+    deadline = time.monotonic() + 10
+    while metric_value(fleet["gateway"].url, "kvgate_kv_index_blocks", worker=worker) <= 0:
+        assert time.monotonic() < deadline, "no kvgate_kv_index_blocks for the worker that served the request"
+        time.sleep(0.2)
+    assert metric_value(fleet["gateway"].url, "kvgate_kv_index_bytes") > 0
