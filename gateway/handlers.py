@@ -131,8 +131,11 @@ def _route(core: GatewayCore, route_req: RouteRequest):
                                code="model_not_found", param="model") from None
         raise GatewayError(503, f"no healthy worker: {exc}", "service_unavailable", code="no_healthy_worker",
                            retry_after_s=1) from None
+    except OverflowError:  # token ids are packed as u32 for the block keys
+        raise GatewayError(400, "prompt token ids must be integers in [0, 2**32)", param="prompt") from None
     except (ValueError, TypeError) as exc:  # e.g. a chat template that rejects the messages
-        raise GatewayError(400, f"cannot tokenize the request: {exc}", param="messages") from None
+        raise GatewayError(400, f"cannot tokenize the request: {exc}",
+                           param="messages" if route_req.messages is not None else "prompt") from None
     core.metrics.decision_seconds.observe(time.perf_counter() - started)
     return decision
 
@@ -165,6 +168,8 @@ def _parse_body(raw: bytes, kind: str) -> dict[str, Any]:
         prompt = body.get("prompt")
         if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt)):
             raise GatewayError(400, "prompt must be a string or a non-empty list", param="prompt")
+        if len(prompt) > 1 and isinstance(prompt, list) and isinstance(prompt[0], (str, list)):
+            raise GatewayError(400, "only one prompt per request is supported", param="prompt")
     return body
 
 

@@ -1,9 +1,13 @@
 """Who holds which block keys: confirmed (from KV events) and predicted (from recent decisions).
 
-Both layers live in one dict, block key -> bitmask. The worker in slot s owns two bits: 2s
-(confirmed: its KV events say it holds the block) and 2s + 1 (predicted: the router sent it a
-prompt with that block recently). One lookup per prompt key answers both layers for every worker,
-so a routing decision walks the prompt's keys once.
+Each layer maps block key -> bitmask of workers; the worker in slot s owns bit s in both.
+
+Confirmed (up to millions of keys, changed one key at a time by KV events) lives in a MaskTable,
+a numpy hash table: a routing decision looks a prompt's keys up in a few vectorized operations
+instead of walking a dict of a million ints (cache misses, a Python-level loop). Predicted (the
+router's own recent decisions, expiring after a TTL: thousands of keys, often a whole new
+prompt's worth per decision) stays a plain dict, so recording a decision costs dict stores, not
+a table insert per key; a decision walks it only when it holds the prompt's first key.
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, count, islice, repeat
-from operator import and_, ge, ne
+from operator import and_, ge, ne, or_
 
 from router.block_keys import chain_block_keys, model_seed
 from router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from router.mask_table import MaskTable, as_keys, prefix_holders_of
 
 _INT_BYTES = sys.getsizeof(2**63)  # a 64-bit int object
 
@@ -26,8 +31,7 @@ _INT_BYTES = sys.getsizeof(2**63)  # a 64-bit int object
 @dataclass(slots=True)
 class _Worker:
     slot: int
-    confirmed_bit: int  # 1 << 2 * slot
-    predicted_bit: int  # 1 << 2 * slot + 1
+    bit: int  # 1 << slot, in both layers
     seed: int
     max_blocks: int
     blocks: dict[Hashable, int] = field(default_factory=dict)  # engine hash -> key, oldest first
@@ -54,7 +58,10 @@ class IndexCounters:
 class IndexStats:
     """Memory report: entries per worker and an approximate size of the whole index.
 
-    num_keys: distinct block keys held by any worker, confirmed or predicted.
+    num_keys: entries in both layers: confirmed keys plus predicted keys (a key in both layers
+    counts in each; finding the overlap would cost a lookup per predicted key).
+    approx_bytes: the confirmed table's array, the predicted dict, the workers' engine-hash and
+    expiry dicts, and the int objects in them.
     """
 
     num_keys: int
@@ -64,7 +71,7 @@ class IndexStats:
 
 
 class KvIndex:
-    """Two layers over chained block keys in one map key -> bitmask (two bits per worker).
+    """Two layers over chained block keys, each a map key -> bitmask (one bit per worker).
 
     Confirmed entries come from BlockStored/BlockRemoved/AllBlocksCleared; each worker keeps its
     engine-hash -> key map (capped at max_blocks, oldest evicted first). Predicted entries are the
@@ -92,7 +99,8 @@ class KvIndex:
         self._worker_of_slot: dict[int, str] = {}
         self._free_slots: list[int] = []
         self._next_slot = 0
-        self._masks: dict[int, int] = {}
+        self._confirmed = MaskTable()
+        self._predicted: dict[int, int] = {}
         self._expiry_heap: list[tuple[float, int, str, Sequence[int]]] = []
         self._heap_seq = 0
 
@@ -106,14 +114,14 @@ class KvIndex:
             raise ValueError("max_blocks must be >= 1")
         slot = heapq.heappop(self._free_slots) if self._free_slots else self._take_slot()
         cap = max_blocks if max_blocks is not None else self.default_max_blocks
-        self._workers[worker_id] = _Worker(slot, 1 << 2 * slot, 1 << 2 * slot + 1, model_seed(model_name), cap)
+        self._workers[worker_id] = _Worker(slot, 1 << slot, model_seed(model_name), cap)
         self._worker_of_slot[slot] = worker_id
 
     def remove_worker(self, worker_id: str) -> None:
         """Drop everything known about a worker, confirmed and predicted."""
         worker = self._worker(worker_id)
         self.clear_worker(worker_id)
-        _clear_bit(self._masks, worker.predicted, worker.predicted_bit)
+        _clear_bit(self._predicted, worker.predicted, worker.bit)
         del self._workers[worker_id]
         del self._worker_of_slot[worker.slot]
         heapq.heappush(self._free_slots, worker.slot)
@@ -121,7 +129,8 @@ class KvIndex:
     def clear_worker(self, worker_id: str) -> None:
         """Forget a worker's confirmed blocks (AllBlocksCleared, restart, unrecoverable gap)."""
         worker = self._worker(worker_id)
-        _clear_bit(self._masks, worker.blocks.values(), worker.confirmed_bit)
+        if worker.blocks:  # one vectorized pass, however many blocks it held
+            self._confirmed.remove_bits_many(as_keys(list(worker.blocks.values())), worker.bit)
         worker.blocks = {}
         worker.extra_refs = {}
         self.counters.workers_cleared += 1
@@ -187,12 +196,9 @@ class KvIndex:
                 return
             self._unref(worker, old_key)
         blocks[engine_hash] = key
-        masks, bit = self._masks, worker.confirmed_bit
-        mask = masks.get(key, 0)
-        if mask & bit:
+        bit = worker.bit
+        if self._confirmed.add_bits(key, bit) & bit:
             worker.extra_refs[key] = worker.extra_refs.get(key, 0) + 1
-        else:
-            masks[key] = mask | bit
         if len(blocks) > worker.max_blocks:
             self._unref(worker, blocks.pop(next(iter(blocks))))
             self.counters.blocks_evicted += 1
@@ -216,11 +222,7 @@ class KvIndex:
             else:
                 worker.extra_refs[key] = extra - 1
             return
-        mask = self._masks.get(key, 0) & ~worker.confirmed_bit
-        if mask:
-            self._masks[key] = mask
-        else:
-            self._masks.pop(key, None)
+        self._confirmed.remove_bits(key, worker.bit)
 
     # -- predicted layer -----------------------------------------------------------------------
 
@@ -239,12 +241,9 @@ class KvIndex:
         now = self._clock()
         expiry = now + (ttl_s if ttl_s is not None else self.predicted_ttl_s)
         worker.predicted.update(zip(keys, repeat(expiry)))
-        masks, bit = self._masks, worker.predicted_bit
-        get = masks.get
-        for key in islice(keys, num_predicted, None):
-            mask = get(key, 0)
-            if not mask & bit:
-                masks[key] = mask | bit
+        if num_predicted < len(keys):  # the rest are usually new to the worker: OR its bit in, in C
+            masks, rest = self._predicted, keys[num_predicted:] if num_predicted else keys
+            masks.update(zip(rest, map(or_, map(masks.get, rest, repeat(0)), repeat(worker.bit))))
         self._heap_seq += 1
         heapq.heappush(self._expiry_heap, (expiry, self._heap_seq, worker_id, keys))
         self._expire(now)
@@ -257,12 +256,15 @@ class KvIndex:
             if worker is None:
                 continue
             expiries = worker.predicted
-            # keys predicted again since keep their newer expiry: usually all of them or none
+            if expiries.get(keys[-1], 0.0) > now:
+                # keys[-1] was predicted again since: that prompt began with all of these keys
+                # (chained keys name their whole prefix), and its own entry expires them later
+                continue
             stale = list(compress(keys, map(ge, repeat(now), map(expiries.get, keys, repeat(math.inf)))))
             if stale:
                 for key in stale:
                     expiries.pop(key, None)
-                _clear_bit(self._masks, stale, worker.predicted_bit)
+                _clear_bit(self._predicted, stale, worker.bit)
 
     # -- lookup --------------------------------------------------------------------------------
 
@@ -273,24 +275,28 @@ class KvIndex:
         """
         self._expire(self._clock())
         names = self._worker_of_slot
-        result: dict[str, tuple[int, int]] = {}
-        for bit, length in _prefix_lengths(keys, self._masks).items():
-            name = names[bit >> 1]
-            confirmed, predicted = result.get(name, (0, 0))
-            result[name] = (confirmed, length) if bit & 1 else (length, predicted)
+        slots, lengths = self._confirmed.prefix_holders(as_keys(keys))
+        # built in C: {name of slot: (length, 0)}
+        result = dict(zip(map(names.__getitem__, slots), zip(lengths, repeat(0))))
+        predicted = self._predicted
+        if predicted and keys and keys[0] in predicted:
+            for slot, length in _prefix_lengths(keys, predicted).items():
+                name = names[slot]
+                result[name] = (result.get(name, _NONE)[0], length)
         return result
 
     # -- report --------------------------------------------------------------------------------
 
     def stats(self) -> IndexStats:
-        """Entries per worker and approximate bytes (dict tables + int objects)."""
+        """Entries per worker and approximate bytes (table array + dict tables + int objects), in
+        O(workers): the gateway exports it every health round."""
         blocks = {w: len(s.blocks) for w, s in self._workers.items()}
         predicted = {w: len(s.predicted) for w, s in self._workers.items()}
-        table_bytes = sys.getsizeof(self._masks)
+        table_bytes = self._confirmed.nbytes + sys.getsizeof(self._predicted)
         for state in self._workers.values():
             table_bytes += sys.getsizeof(state.blocks) + sys.getsizeof(state.predicted)
-        int_bytes = _INT_BYTES * (2 * sum(blocks.values()) + len(self._masks) + 2 * sum(predicted.values()))
-        return IndexStats(len(self._masks), blocks, predicted, table_bytes + int_bytes)
+        int_bytes = _INT_BYTES * (2 * sum(blocks.values()) + len(self._predicted) + 2 * sum(predicted.values()))
+        return IndexStats(len(self._confirmed) + len(self._predicted), blocks, predicted, table_bytes + int_bytes)
 
     def _worker(self, worker_id: str) -> _Worker:
         try:
@@ -303,35 +309,49 @@ class KvIndex:
         return self._next_slot - 1
 
 
+_NONE = (0, 0)
+
+
 def _prefix_lengths(keys: Sequence[int], masks: dict[int, int]) -> dict[int, int]:
     """{bit index: number of leading keys whose mask has that bit}, for bits set in keys[0]'s mask.
 
-    held[i] = AND of the masks of keys 0..i only loses bits as i grows; the positions where it
-    changes are found in C, and each lost bit is recorded once (at most two per worker).
+    held[i] = AND of the masks of keys 0..i only loses bits as i grows. With every bit under 64
+    (up to 64 worker slots) numpy finds where it changes and which bits it loses there;
+    otherwise the positions where it changes are found in C, and each lost bit is recorded once
+    (at most one per worker).
     """
+    found = _leading_masks(keys, masks)
+    if not found:
+        return {}
+    try:
+        column = as_keys(found)
+    except OverflowError:  # a bit >= 64: Python ints
+        pass
+    else:
+        return dict(zip(*prefix_holders_of(column.reshape(-1, 1))))
     lengths: dict[int, int] = {}
-    held = _held_prefix_masks(keys, masks)
-    if not held or not held[0]:
-        return lengths
+    held = list(accumulate(found, and_))
     for i in compress(count(1), map(ne, held, islice(held, 1, None))):
         _record(held[i - 1] & ~held[i], i, lengths)
     _record(held[-1], len(held), lengths)
     return lengths
 
 
-def _held_prefix_masks(keys: Sequence[int], masks: dict[int, int]) -> list[int]:
-    """Running AND of the keys' masks, up to and including the first 0 (or all keys).
+def _leading_masks(keys: Sequence[int], masks: dict[int, int]) -> list[int]:
+    """The masks of the leading keys (0 if absent), as far as some worker may hold the prefix.
 
-    Keys are looked up in growing chunks, and no further once no worker holds the prefix.
+    Keys are looked up in growing chunks, and no further once the first mask and a chunk's last
+    have no bit in common (the running AND is 0 by then; usually the chunk ran past the
+    prompt's predicted part, into keys absent from masks).
     """
-    held: list[int] = []
+    found: list[int] = []
     active, start, chunk = -1, 0, 32
     get = masks.get
     while start < len(keys) and active:
-        part = list(accumulate(map(get, keys[start : start + chunk], repeat(0)), and_, initial=active))
-        held += part[1:]
-        active, start, chunk = part[-1], start + chunk, chunk * 2
-    return held
+        part = list(map(get, keys[start : start + chunk], repeat(0)))
+        found += part
+        active, start, chunk = active & found[0] & part[-1], start + chunk, chunk * 2
+    return found
 
 
 def _record(bits: int, length: int, lengths: dict[int, int]) -> None:

@@ -77,6 +77,8 @@ class Router:
         self._pools: dict[str, list[WorkerSpec]] = {}
         self._specs: dict[str, WorkerSpec] = {}
         self._unhealthy: set[str] = set()
+        # (pool, fallback, model) -> (pool chosen, its healthy specs); cleared on any fleet change
+        self._candidate_cache: dict[tuple[str, str | None, str], tuple[str, list[WorkerSpec]]] = {}
         self._instances: dict[str, Policy] = {}
         self._instances_for: RoutingPolicies | None = None
         self._cached_at_route: OrderedDict[str, dict[str, int]] = OrderedDict()
@@ -92,6 +94,7 @@ class Router:
             raise ValueError(f"worker {spec.worker_id!r} is already in a pool")
         self._pools.setdefault(pool, []).append(spec)
         self._specs[spec.worker_id] = spec
+        self._candidate_cache.clear()
         self.index.add_worker(spec.worker_id, model_name=spec.model, max_blocks=spec.num_blocks)
         self.load.add_worker(spec.worker_id)
 
@@ -103,9 +106,11 @@ class Router:
         self.index.remove_worker(worker_id)
         self.load.remove_worker(worker_id)
         self._unhealthy.discard(worker_id)
+        self._candidate_cache.clear()
 
     def set_healthy(self, worker_id: str, healthy: bool) -> None:
         (self._unhealthy.discard if healthy else self._unhealthy.add)(worker_id)
+        self._candidate_cache.clear()
 
     # -- routing ---------------------------------------------------------------------------------
 
@@ -161,6 +166,10 @@ class Router:
         return policy
 
     def _candidates(self, rule: RoutingRule, model: str) -> tuple[str, list[WorkerSpec]]:
+        cache_key = (rule.pool, rule.fallback_pool, model)
+        cached = self._candidate_cache.get(cache_key)
+        if cached is not None:
+            return cached
         for pool in (rule.pool, rule.fallback_pool):
             if pool is None:
                 continue
@@ -168,6 +177,7 @@ class Router:
                 s for s in self._pools.get(pool, ()) if s.model == model and s.worker_id not in self._unhealthy
             ]
             if specs:
+                self._candidate_cache[cache_key] = (pool, specs)
                 return pool, specs
         raise NoRouteError(f"rule {rule.name!r}: no healthy worker for model {model!r} in pool {rule.pool!r}"
                            + (f" or fallback {rule.fallback_pool!r}" if rule.fallback_pool else ""))
@@ -186,6 +196,11 @@ class Router:
 
     def _views(self, specs: list[WorkerSpec], matches: dict[int, dict[str, tuple[int, int]]]) -> list[WorkerView]:
         get_load = self.load.get
+        if len(matches) == 1:  # one block size in the pool (the usual case): one dict for all
+            (block_size, held), = matches.items()
+            get_held = held.get
+            return [WorkerView(s.worker_id, get_load(s.worker_id), block_size, *get_held(s.worker_id, _NOTHING_HELD))
+                    for s in specs]
         return [
             WorkerView(spec.worker_id, get_load(spec.worker_id), spec.block_size,
                        *matches[spec.block_size].get(spec.worker_id, _NOTHING_HELD))

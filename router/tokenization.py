@@ -137,9 +137,12 @@ class RoutingTokenizer:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
     def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
-        """A completions prompt: text with special tokens added, or token ids as given."""
+        """A completions prompt: text with special tokens added, or token ids as given (a list is
+        returned as is, not copied: callers only read it); a one-element batch is its element."""
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # a batch of one, as the worker reads it
         if not isinstance(prompt, str):
-            return list(prompt)
+            return prompt if isinstance(prompt, list) else list(prompt)
         if self._tokenizer is None:
             return _approximate_ids(prompt)
         return self._tokenizer.encode(prompt, add_special_tokens=True).ids

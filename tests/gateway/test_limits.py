@@ -46,6 +46,30 @@ def test_invalid_requests_get_400_with_a_clear_message(fleet, body, message):
     assert message in response.json()["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([-1, 5], "prompt token ids must be integers in [0, 2**32)"),
+        ([2**40], "prompt token ids must be integers in [0, 2**32)"),
+        ([1, "two"], "cannot tokenize the request"),
+        (["one", "two"], "only one prompt per request is supported"),
+    ],
+    ids=["negative-id", "id-over-u32", "mixed-list", "batch-of-two"],
+)
+def test_invalid_completion_prompts_get_400(fleet, prompt, message):
+    response = httpx.post(f"{fleet['gateway'].url}/v1/completions", headers=AUTH, timeout=30,
+                          json={"model": MODEL, "prompt": prompt, "max_tokens": 1})
+    assert response.status_code == 400, response.text
+    assert message in response.json()["error"]["message"]
+    assert response.json()["error"]["param"] == "prompt"
+
+
+def test_a_batch_of_one_prompt_is_served(fleet):
+    response = httpx.post(f"{fleet['gateway'].url}/v1/completions", headers=AUTH, timeout=30,
+                          json={"model": MODEL, "prompt": [[3, 4, 5, 6]], "max_tokens": 1})
+    assert response.status_code == 200, response.text
+
+
 def test_clients_cannot_choose_the_upstream(fleet):
     body = (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,'
             b' "base_url": "http://169.254.169.254", "url": "http://example.com"}')

@@ -178,3 +178,89 @@ def test_match_equals_a_brute_force_walk_over_both_layers(
         if prefix(held[worker]) or prefix(predicted[worker])
     }
     assert index.match(KEYS) == expected
+
+
+def test_stats_count_the_entries_of_both_layers(index: KvIndex) -> None:
+    index.apply("w0", [stored([1, 2, 3], TOKENS[:12])])
+    index.record_prediction("w1", tuple(KEYS[:5]))
+    stats = index.stats()
+    assert stats.num_keys == 3 + 5
+    assert stats.predicted_per_worker == {"w0": 0, "w1": 5}
+    assert stats.approx_bytes > index._confirmed.nbytes
+
+
+def test_a_prediction_extending_a_reported_one_adds_the_new_keys(index: KvIndex) -> None:
+    index.record_prediction("w0", tuple(KEYS[:2]))
+    index.record_prediction("w1", tuple(KEYS[:4]))
+    predicted = index.match(KEYS)["w0"][1]
+    index.record_prediction("w0", tuple(KEYS), num_predicted=predicted)
+    assert index.match(KEYS) == {"w0": (0, 6), "w1": (0, 4)}
+
+
+def test_clearing_a_worker_with_many_blocks_keeps_the_others(clock) -> None:
+    """Thousands of blocks: clear_worker drops its bit in one vectorized pass."""
+    index = KvIndex(clock=clock)
+    tokens = list(range(5000 * B))
+    keys = block_keys(tokens, B, MODEL)
+    for worker in ("w0", "w1"):
+        index.add_worker(worker, model_name=MODEL, max_blocks=10_000)
+    index.apply("w0", [stored(list(range(1, 5001)), tokens)])
+    index.apply("w1", [stored(list(range(1, 101)), tokens[: 100 * B])])
+    index.apply("w0", [stored([9001], TOKENS[:4])])  # two engine hashes for one key, cleared at once
+    index.apply("w0", [stored([9002], TOKENS[:4])])
+    assert index.match(keys) == {"w0": (5000, 0), "w1": (100, 0)}
+    index.clear_worker("w0")
+    assert index.match(keys) == {"w1": (100, 0)}
+    assert index.match(KEYS) == {}
+    assert index.stats().num_keys == 100
+    index.apply("w0", [stored([1, 2], tokens[: 2 * B])])  # indexed again from scratch
+    assert index.match(keys) == {"w0": (2, 0), "w1": (100, 0)}
+    index.remove_worker("w1")
+    assert index.match(keys) == {"w0": (2, 0)} and index.stats().num_keys == 2
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    wide=st.booleans(),
+    stored_prefixes=st.lists(st.integers(0, 6), min_size=1, max_size=3),
+    predicted_sets=st.lists(st.lists(st.sets(st.integers(0, 5), max_size=6), max_size=2), min_size=3, max_size=3),
+    cleared=st.sets(st.integers(0, 2)),
+)
+def test_match_equals_a_brute_force_walk_with_gappy_predictions_and_wide_masks(
+    wide: bool, stored_prefixes: list[int], predicted_sets: list[list[set[int]]], cleared: set[int]
+) -> None:
+    """Predictions of any keys, not only prefixes; with `wide`, 64 other workers come first, so
+    these get slots >= 64 (two-word masks, Python-int walk of the predicted layer)."""
+    index = KvIndex()
+    if wide:
+        for i in range(64):
+            index.add_worker(f"filler{i}", model_name=MODEL)
+    held: dict[str, set[int]] = {}
+    predicted: dict[str, set[int]] = {}
+    for w, n_stored in enumerate(stored_prefixes):
+        worker = f"w{w}"
+        index.add_worker(worker, model_name=MODEL)
+        if n_stored:
+            index.apply(worker, [stored(list(range(1, n_stored + 1)), TOKENS[: n_stored * B])])
+        held[worker] = set() if w in cleared else set(range(n_stored))
+        if w in cleared:
+            index.clear_worker(worker)
+        predicted[worker] = set()
+        for blocks in predicted_sets[w]:
+            index.record_prediction(worker, tuple(KEYS[i] for i in sorted(blocks)))
+            predicted[worker] |= blocks
+
+    def prefix(blocks: set[int]) -> int:
+        n = 0
+        while n in blocks:
+            n += 1
+        return n
+
+    expected = {
+        worker: (prefix(held[worker]), prefix(predicted[worker]))
+        for worker in held
+        if prefix(held[worker]) or prefix(predicted[worker])
+    }
+    assert index.match(KEYS) == expected
+    assert index.match(KEYS[:0]) == {}
+    assert index.stats().num_keys == len(set().union(*held.values())) + len(set().union(*predicted.values()))
