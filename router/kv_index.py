@@ -275,9 +275,13 @@ class KvIndex:
         """
         self._expire(self._clock())
         names = self._worker_of_slot
-        slots, lengths = self._confirmed.prefix_holders(as_keys(keys))
-        # built in C: {name of slot: (length, 0)}
-        result = dict(zip(map(names.__getitem__, slots), zip(lengths, repeat(0))))
+        if len(keys) <= _SMALL_PROMPT_KEYS:  # a short prompt: per-key gets beat numpy's fixed cost
+            held = _confirmed_prefix_masks(self._confirmed.get, keys)
+            result = {names[slot]: (length, 0) for slot, length in _lengths_of(held).items()}
+        else:
+            slots, lengths = self._confirmed.prefix_holders(as_keys(keys))
+            # built in C: {name of slot: (length, 0)}
+            result = dict(zip(map(names.__getitem__, slots), zip(lengths, repeat(0))))
         predicted = self._predicted
         if predicted and keys and keys[0] in predicted:
             for slot, length in _prefix_lengths(keys, predicted).items():
@@ -310,6 +314,7 @@ class KvIndex:
 
 
 _NONE = (0, 0)
+_SMALL_PROMPT_KEYS = 48  # measured crossover: per-key table gets vs one vectorized lookup (~25 µs)
 
 
 def _prefix_lengths(keys: Sequence[int], masks: dict[int, int]) -> dict[int, int]:
@@ -329,12 +334,30 @@ def _prefix_lengths(keys: Sequence[int], masks: dict[int, int]) -> dict[int, int
         pass
     else:
         return dict(zip(*prefix_holders_of(column.reshape(-1, 1))))
+    return _lengths_of(list(accumulate(found, and_)))
+
+
+def _lengths_of(held: list[int]) -> dict[int, int]:
+    """{bit index: prefix length} from running-AND masks (each a subset of the one before)."""
     lengths: dict[int, int] = {}
-    held = list(accumulate(found, and_))
+    if not held:
+        return lengths
     for i in compress(count(1), map(ne, held, islice(held, 1, None))):
         _record(held[i - 1] & ~held[i], i, lengths)
     _record(held[-1], len(held), lengths)
     return lengths
+
+
+def _confirmed_prefix_masks(get: Callable[[int], int], keys: Sequence[int]) -> list[int]:
+    """Running AND of get(key) over the leading keys, while it is nonzero."""
+    held: list[int] = []
+    active = -1
+    for key in keys:
+        active &= get(key)
+        if not active:
+            break
+        held.append(active)
+    return held
 
 
 def _leading_masks(keys: Sequence[int], masks: dict[int, int]) -> list[int]:

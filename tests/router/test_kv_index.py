@@ -264,3 +264,24 @@ def test_match_equals_a_brute_force_walk_with_gappy_predictions_and_wide_masks(
     assert index.match(KEYS) == expected
     assert index.match(KEYS[:0]) == {}
     assert index.stats().num_keys == len(set().union(*held.values())) + len(set().union(*predicted.values()))
+
+
+@pytest.mark.parametrize("num_keys", [1, 5, 47, 48, 49, 200], ids=lambda n: f"{n}-keys")
+def test_short_and_long_prompts_match_alike(num_keys: int, monkeypatch) -> None:
+    """match() looks short prompts up key by key and long ones vectorized: same answers."""
+    import router.kv_index as kv_index
+
+    tokens = list(range(1000, 1000 + B * 200))
+    keys = block_keys(tokens, B, MODEL)[:num_keys]
+    answers = []
+    for small_limit in (0, 10**9):
+        monkeypatch.setattr(kv_index, "_SMALL_PROMPT_KEYS", small_limit)
+        index = KvIndex()
+        for w, held in enumerate((num_keys, num_keys // 2, 1)):
+            index.add_worker(f"w{w}", model_name=MODEL)
+            if held:
+                index.apply(f"w{w}", [stored(list(range(1, held + 1)), tokens[: held * B])])
+        index.apply("w1", [BlockRemoved([1])] if num_keys == 5 else [])
+        answers.append(index.match(keys))
+    assert answers[0] == answers[1]
+    assert answers[0]["w0"] == (num_keys, 0)
