@@ -32,7 +32,10 @@ class GatewayCore:
         self.upstream = UpstreamClient()  # completions traffic; self.http serves health checks and scrapes
         self.tokenizers = _routing_tokenizers(config, tokenizer_dirs or {})
         self.policies = _routing_policies(config)
-        self.router = Router(_worker_specs(config), self.policies, tokenizers=self.tokenizers, rng=self.rng)
+        specs = _worker_specs(config)
+        self.router = Router(specs, self.policies, tokenizers=self.tokenizers, rng=self.rng)
+        # room for every block the workers say they hold, so the index does not grow under load
+        self.router.index.reserve(sum(s.num_blocks or 0 for pool in specs.values() for s in pool))
         self.fleet = Fleet(config, self.router, self.metrics, self.http)
         up = config.upstream
         budget_config = RetryBudgetConfig(ratio=up.retry_budget_ratio, min_retries_per_s=up.retry_budget_min_per_s)

@@ -174,6 +174,7 @@ def main() -> None:
     pools = {"main": [WorkerSpec(f"w{i}", MODEL, BLOCK_SIZE, num_blocks=args.blocks) for i in range(NUM_WORKERS)]}
     clock = BenchClock()
     router = Router(pools, load_policies("rules: [{name: default, pool: main}]"), clock=clock, rng=random.Random(0))
+    router.index.reserve(args.blocks)  # as GatewayCore does from the workers' configured block counts
     rss_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     apply_rate = fill_index(router, args.blocks, prompt, rng)
     rss_after_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

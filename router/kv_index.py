@@ -117,6 +117,12 @@ class KvIndex:
         self._workers[worker_id] = _Worker(slot, 1 << slot, model_seed(model_name), cap)
         self._worker_of_slot[slot] = worker_id
 
+    def reserve(self, num_blocks: int) -> None:
+        """Make room for num_blocks confirmed keys now (capped at RESERVE_LIMIT_BLOCKS): the table
+        doubles as it fills, and each doubling pauses its thread for a time that grows with its
+        size (~0.45 s at a million keys), so a known fleet capacity is best reserved at start."""
+        self._confirmed.reserve(min(num_blocks, RESERVE_LIMIT_BLOCKS))
+
     def remove_worker(self, worker_id: str) -> None:
         """Drop everything known about a worker, confirmed and predicted."""
         worker = self._worker(worker_id)
@@ -314,6 +320,7 @@ class KvIndex:
 
 
 _NONE = (0, 0)
+RESERVE_LIMIT_BLOCKS = 1 << 20  # reserve() allocates for at most this many keys (~64 MiB)
 _SMALL_PROMPT_KEYS = 48  # measured crossover: per-key table gets vs one vectorized lookup (~25 µs)
 
 

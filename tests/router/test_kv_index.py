@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from router.block_keys import block_keys
 from router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from router.kv_index import KvIndex
+from router.mask_table import MAX_LOAD
 
 MODEL = "m"
 B = 4
@@ -285,3 +286,14 @@ def test_short_and_long_prompts_match_alike(num_keys: int, monkeypatch) -> None:
         answers.append(index.match(keys))
     assert answers[0] == answers[1]
     assert answers[0]["w0"] == (num_keys, 0)
+
+
+def test_reserve_makes_room_up_front(clock) -> None:
+    index = KvIndex(clock=clock)
+    index.add_worker("w0", model_name=MODEL)
+    index.reserve(10_000)
+    slots = index._confirmed.num_slots
+    assert slots * MAX_LOAD >= 10_000
+    index.apply("w0", [stored(list(range(1, 1001)), list(range(1000 * B)))])
+    assert index._confirmed.num_slots == slots  # no doubling while filling what was reserved
+    assert index.match(block_keys(list(range(1000 * B)), B, MODEL)) == {"w0": (1000, 0)}
