@@ -333,8 +333,15 @@ def _prefix_lengths(keys: Sequence[int], masks: dict[int, int]) -> dict[int, int
     (at most one per worker).
     """
     found = _leading_masks(keys, masks)
-    if not found:
+    if not found or not found[0]:
         return {}
+    # the usual shape: one set of workers predicted the same run of keys, then nothing (checked in C)
+    first = found[0]
+    run = found.index(0) if 0 in found else len(found)
+    if found[:run].count(first) == run:
+        lengths: dict[int, int] = {}
+        _record(first, run, lengths)
+        return lengths
     try:
         column = as_keys(found)
     except OverflowError:  # a bit >= 64: Python ints
