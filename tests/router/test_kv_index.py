@@ -17,6 +17,19 @@ TOKENS = list(range(100, 124))  # six blocks
 KEYS = block_keys(TOKENS, B, MODEL)
 
 
+def expected_match(held: dict[str, set[int]], predicted: dict[str, set[int]]) -> dict[str, tuple[int, int]]:
+    """Brute force: each worker's leading run of held / predicted block indexes."""
+
+    def prefix(blocks: set[int]) -> int:
+        n = 0
+        while n in blocks:
+            n += 1
+        return n
+
+    return {worker: (prefix(held[worker]), prefix(predicted[worker]))
+            for worker in held if prefix(held[worker]) or prefix(predicted[worker])}
+
+
 def stored(hashes: list[int], tokens: list[int], parent: int | None = None, **kw: object) -> BlockStored:
     return BlockStored(hashes, parent, tokens, B, kw.get("lora_id"), kw.get("medium", "GPU"))
 
@@ -167,18 +180,7 @@ def test_match_equals_a_brute_force_walk_over_both_layers(
         index.apply(f"w{w}", [BlockRemoved([engine_hash])])
         held[f"w{w}"].discard(engine_hash - 1)
 
-    def prefix(blocks: set[int]) -> int:
-        n = 0
-        while n in blocks:
-            n += 1
-        return n
-
-    expected = {
-        worker: (prefix(held[worker]), prefix(predicted[worker]))
-        for worker in held
-        if prefix(held[worker]) or prefix(predicted[worker])
-    }
-    assert index.match(KEYS) == expected
+    assert index.match(KEYS) == expected_match(held, predicted)
 
 
 def test_stats_count_the_entries_of_both_layers(index: KvIndex) -> None:
@@ -251,18 +253,7 @@ def test_match_equals_a_brute_force_walk_with_gappy_predictions_and_wide_masks(
             index.record_prediction(worker, tuple(KEYS[i] for i in sorted(blocks)))
             predicted[worker] |= blocks
 
-    def prefix(blocks: set[int]) -> int:
-        n = 0
-        while n in blocks:
-            n += 1
-        return n
-
-    expected = {
-        worker: (prefix(held[worker]), prefix(predicted[worker]))
-        for worker in held
-        if prefix(held[worker]) or prefix(predicted[worker])
-    }
-    assert index.match(KEYS) == expected
+    assert index.match(KEYS) == expected_match(held, predicted)
     assert index.match(KEYS[:0]) == {}
     assert index.stats().num_keys == len(set().union(*held.values())) + len(set().union(*predicted.values()))
 
