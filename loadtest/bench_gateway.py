@@ -340,10 +340,26 @@ JOBS = {"closed_loop": closed_loop, "open_loop": open_loop, "sequential_streams"
         "concurrent_streams": concurrent_streams}
 
 
+def cpu_placement() -> tuple[set[int] | None, set[int] | None]:
+    """(gateway CPUs, CPUs of the fake worker and the load generator): the gateway gets a CPU of
+    its own, as a production proxy process would, so the load generator's and the fake worker's
+    bursts do not preempt it; the direct baseline runs with the same placement. None, None on a
+    single CPU (nothing to separate)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None, None
+    return {cpus[0]}, set(cpus[1:])
+
+
+def _pinned(cpus: set[int] | None):
+    return None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+
+
 def run_job(job: str, **kwargs: Any) -> dict[str, Any]:
     """Run one load-generator job in a fresh child process (its own CPU and event loop)."""
     argv = [sys.executable, "-m", "loadtest.bench_gateway", "--job", json.dumps({"job": job, **kwargs})]
-    out = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=Path(__file__).resolve().parents[1])
+    out = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=Path(__file__).resolve().parents[1],
+                         preexec_fn=_pinned(cpu_placement()[1]))
     if out.returncode != 0:
         raise RuntimeError(f"load generator job {job} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout)
@@ -385,10 +401,11 @@ def wait_healthy(port: int, proc: subprocess.Popen, path: str, timeout_s: float 
 
 
 @contextmanager
-def child(argv: list[str], port: int, path: str, log_dir: Path, env: dict | None = None) -> Iterator[subprocess.Popen]:
+def child(argv: list[str], port: int, path: str, log_dir: Path, env: dict | None = None,
+          cpus: set[int] | None = None) -> Iterator[subprocess.Popen]:
     log = open(log_dir / f"{port}.log", "w")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            cwd=Path(__file__).resolve().parents[1])
+                            cwd=Path(__file__).resolve().parents[1], preexec_fn=_pinned(cpus))
     try:
         wait_healthy(port, proc, path)
         yield proc
@@ -499,6 +516,9 @@ Date: {result['date']}
 A fake worker that answers at once (raw ASGI on uvicorn) behind the real gateway (`python -m kvgate gateway`,
 one uvicorn process, `tokenizer: null`, kv_aware policy); the load generator is a separate process (raw HTTP/1.1
 on asyncio + uvloop). "Added" = through the gateway minus straight to the fake worker, same requests, same rate.
+Placement: the gateway runs on CPU {result['cpus']['gateway']}, the fake worker and the load generator on CPUs
+{result['cpus']['worker_and_load_generator']} (in both the gateway and the direct runs), as a proxy process would
+have a core of its own in production.
 
 | figure | value | target | result |
 |---|---|---|---|
@@ -536,10 +556,12 @@ def main() -> None:
         tmp_dir = Path(tmp)
         config_path = tmp_dir / "gateway.yaml"
         config_path.write_text(yaml.safe_dump(gateway_config(gateway_port, worker_port)))
+        gateway_cpus, other_cpus = cpu_placement()
         stack.enter_context(child([sys.executable, "-m", "loadtest.bench_gateway", "--fake-worker", str(worker_port)],
-                                  worker_port, "/health", tmp_dir))
+                                  worker_port, "/health", tmp_dir, cpus=other_cpus))
         env = {**os.environ, "KVGATE_API_KEY": API_KEY}
-        gateway = stack.enter_context(child(gateway_argv(config_path), gateway_port, "/ready", tmp_dir, env=env))
+        gateway = stack.enter_context(child(gateway_argv(config_path), gateway_port, "/ready", tmp_dir, env=env,
+                                            cpus=gateway_cpus))
         raw = measure(gateway_port, worker_port, gateway.pid, args.quick)
     from loadtest.benchdoc import machine_description, replace_section
 
@@ -547,6 +569,7 @@ def main() -> None:
         "command": ".venv/bin/python -m loadtest.bench_gateway" + (" --quick" if args.quick else ""),
         "machine": machine_description(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "python": sys.version.split()[0], "fd_limit": fd_limit, "targets": TARGETS, "raw": raw,
+        "cpus": {"gateway": sorted(cpu_placement()[0] or []), "worker_and_load_generator": sorted(cpu_placement()[1] or [])},
     }
     result["figures"] = summarise(raw)
     RESULTS_PATH.parent.mkdir(exist_ok=True)
