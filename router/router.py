@@ -198,8 +198,9 @@ class Router:
         get_load = self.load.get
         if len(matches) == 1:  # one block size in the pool (the usual case): one dict for all
             (block_size, held), = matches.items()
-            get_held = held.get
-            return [WorkerView(s.worker_id, get_load(s.worker_id), block_size, *get_held(s.worker_id, _NOTHING_HELD))
+            get_held, new = held.get, tuple.__new__  # WorkerView(...) runs a Python __new__: twice the cost
+            return [new(WorkerView, (s.worker_id, get_load(s.worker_id), block_size,
+                                     *get_held(s.worker_id, _NOTHING_HELD)))
                     for s in specs]
         return [
             WorkerView(spec.worker_id, get_load(spec.worker_id), spec.block_size,
