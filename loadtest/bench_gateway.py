@@ -510,7 +510,7 @@ def markdown(result: dict[str, Any]) -> str:
     return f"""## Gateway overhead
 
 Command: `{result['command']}`
-Machine: {result['machine']} (shared; the gateway, the fake worker and the load generator share these cores)
+Machine: {result['machine']} (shared with other work; figures from one run)
 Date: {result['date']}
 
 A fake worker that answers at once (raw ASGI on uvicorn) behind the real gateway (`python -m kvgate gateway`,
@@ -522,7 +522,7 @@ have a core of its own in production.
 
 | figure | value | target | result |
 |---|---|---|---|
-| saturation, non-streaming (32 clients, closed loop) | {f['saturation_rps']:.0f} req/s (direct: {f['direct_saturation_rps']:.0f} req/s) | | |
+| saturation, non-streaming (32 clients, closed loop) | {f['saturation_rps']:.0f} req/s (direct, load generator and fake worker on the same CPUs: {f['direct_saturation_rps']:.0f} req/s) | | |
 | added latency p50 at {f['load_rate_rps']:.0f} req/s (70% of saturation, Poisson, {lat['gateway']['connections']} pooled connections) | {f['added_p50_ms']:.2f} ms ({lat['gateway']['p50_ms']:.2f} vs {lat['direct']['p50_ms']:.2f}) | <= {TARGETS['added_p50_ms']} ms | {mark[f['pass']['added_p50']]} |
 | added latency p99 at the same rate | {f['added_p99_ms']:.2f} ms ({lat['gateway']['p99_ms']:.2f} vs {lat['direct']['p99_ms']:.2f}) | <= {TARGETS['added_p99_ms']} ms | {mark[f['pass']['added_p99']]} |
 | the same rate, evenly spaced arrivals (as wrk2 / k6 constant-arrival-rate send), added p50 / p99 | {f['added_p50_ms_uniform']:.2f} / {f['added_p99_ms_uniform']:.2f} ms ({uni['gateway']['p99_ms']:.2f} vs {uni['direct']['p99_ms']:.2f} at p99) | (reported; the targets are judged on Poisson) | |
