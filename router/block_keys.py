@@ -1,10 +1,12 @@
-"""Chained block keys: xxh3_64 over (previous key || block tokens), per docs/architecture.md."""
+"""Chained block keys: xxh3_64 over (previous key || block tokens), per docs/architecture.md; and a
+cache that lets a prompt extending a recent one hash only its new blocks."""
 
 from __future__ import annotations
 
 import struct
 import sys
 from array import array
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import xxhash
@@ -50,3 +52,65 @@ def chain_block_keys(
 def block_keys(token_ids: Sequence[int] | bytes, block_size: int, model_name: str) -> list[int]:
     """Keys of a prompt's full blocks: the chain started from model_seed(model_name)."""
     return chain_block_keys(token_ids, block_size, model_seed(model_name))
+
+
+class PrefixKeyCache:
+    """Block keys of recent prompts, so a prompt that starts like one of them (the next turn of a
+    conversation, a shared system prompt) reuses the keys of the common full blocks and hashes
+    only the rest. Exact: keys are reused only for byte-identical leading blocks.
+
+    Entries are indexed by (seed, block size, first block's bytes), one per index (the newest),
+    and bounded LRU; each holds the packed prompt and its keys (~50 KB for 8,192 tokens).
+    """
+
+    def __init__(self, max_entries: int = 256) -> None:
+        if max_entries < 0:
+            raise ValueError("max_entries must be >= 0")
+        self.max_entries = max_entries
+        self.blocks_reused = 0
+        self.blocks_hashed = 0
+        self._entries: OrderedDict[tuple[int, int, bytes], tuple[bytes, list[int]]] = OrderedDict()
+
+    def keys(self, packed: bytes, block_size: int, seed: int) -> list[int]:
+        """chain_block_keys(packed, block_size, seed), reusing a cached prompt's common blocks.
+        The list returned may be shared with the cache: do not modify it."""
+        stride = 4 * block_size
+        usable = len(packed) // stride * stride
+        if not self.max_entries or not usable:
+            keys = chain_block_keys(packed, block_size, seed)
+            self.blocks_hashed += len(keys)
+            return keys
+        index = (seed, block_size, packed[:stride])
+        entry = self._entries.get(index)
+        common = 0
+        if entry is not None:
+            cached_packed, cached_keys = entry
+            common = _common_blocks(packed, cached_packed, stride, min(usable, len(cached_packed)))
+        if common * stride == usable:  # a prefix of the cached prompt (or the same prompt again): keep it
+            keys = cached_keys if common == len(cached_keys) else cached_keys[:common]
+        else:
+            reused = cached_keys[:common] if common else []
+            fresh = chain_block_keys(packed[common * stride : usable], block_size, reused[-1] if reused else seed)
+            keys = reused + fresh
+            self.blocks_hashed += len(fresh)
+            self._entries[index] = (packed[:usable], keys)
+        self.blocks_reused += common
+        self._entries.move_to_end(index)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+        return keys
+
+
+def _common_blocks(a: bytes, b: bytes, stride: int, limit: int) -> int:
+    """How many leading stride-byte blocks a and b share, within limit bytes (memcmp, bisected)."""
+    hi = limit // stride
+    if a[: hi * stride] == b[: hi * stride]:
+        return hi
+    lo = 0  # the first lo blocks are equal; the first hi are not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[: mid * stride] == b[: mid * stride]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from router.block_keys import chain_block_keys, model_seed, pack_tokens_u32le
+from router.block_keys import PrefixKeyCache, model_seed, pack_tokens_u32le
 from router.kv_index import KvIndex
 from router.load_view import LoadView
 from router.policies import build_policy
@@ -66,8 +66,12 @@ class Router:
         load: LoadView | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        key_cache_entries: int = 256,
     ) -> None:
+        """key_cache_entries: recent prompts whose block keys are kept, so the next turn of a
+        conversation hashes only its new blocks (0 turns the cache off)."""
         self.index = index or KvIndex(clock=clock)
+        self.key_cache = PrefixKeyCache(key_cache_entries)
         self.load = load or LoadView(clock=clock)
         self.closed_loop = ClosedLoopStats()
         self._policies = policies
@@ -188,11 +192,10 @@ class Router:
             return tokenizer.encode_chat(req.messages, tools=req.tools)
         return tokenizer.encode_prompt(req.prompt)  # type: ignore[arg-type]
 
-    @staticmethod
-    def _keys_by_block_size(token_ids: list[int], model: str, sizes: set[int]) -> dict[int, list[int]]:
+    def _keys_by_block_size(self, token_ids: list[int], model: str, sizes: set[int]) -> dict[int, list[int]]:
         packed = pack_tokens_u32le(token_ids)
         seed = model_seed(model)
-        return {size: chain_block_keys(packed, size, seed) for size in sizes}
+        return {size: self.key_cache.keys(packed, size, seed) for size in sizes}
 
     def _views(self, specs: list[WorkerSpec], matches: dict[int, dict[str, tuple[int, int]]]) -> list[WorkerView]:
         get_load = self.load.get

@@ -6,10 +6,10 @@ import struct
 
 import pytest
 import xxhash
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.block_keys import block_keys, chain_block_keys, model_seed, pack_tokens_u32le
+from router.block_keys import PrefixKeyCache, block_keys, chain_block_keys, model_seed, pack_tokens_u32le
 
 
 def reference_keys(tokens: list[int], block_size: int, model: str) -> list[int]:
@@ -57,3 +57,39 @@ def test_different_models_give_different_keys() -> None:
 def test_token_ids_outside_u32_are_rejected() -> None:
     with pytest.raises(OverflowError):
         pack_tokens_u32le([2**32])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    prompts=st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=40), min_size=1, max_size=8),
+    shared=st.lists(st.integers(0, 3), max_size=30),
+    block_size=st.sampled_from([1, 4, 16]),
+    max_entries=st.integers(0, 3),
+)
+def test_prefix_key_cache_gives_the_keys_of_a_fresh_chain(prompts, shared, block_size, max_entries) -> None:
+    """Prompts that share prefixes (and tiny alphabets, so blocks repeat) through a small cache."""
+    cache = PrefixKeyCache(max_entries)
+    for tail in prompts:
+        tokens = shared + tail
+        assert cache.keys(pack_tokens_u32le(tokens), block_size, 7) == chain_block_keys(tokens, block_size, 7)
+
+
+def test_the_next_turn_hashes_only_its_new_blocks() -> None:
+    cache = PrefixKeyCache()
+    history = list(range(64))  # 4 blocks of 16
+    cache.keys(pack_tokens_u32le(history), 16, 1)
+    assert (cache.blocks_hashed, cache.blocks_reused) == (4, 0)
+    cache.keys(pack_tokens_u32le(history + list(range(100, 132))), 16, 1)  # 2 new blocks
+    assert (cache.blocks_hashed, cache.blocks_reused) == (6, 4)
+    cache.keys(pack_tokens_u32le(history[:32]), 16, 1)  # a prefix: nothing to hash, the longer entry kept
+    assert (cache.blocks_hashed, cache.blocks_reused) == (6, 6)
+    keys = cache.keys(pack_tokens_u32le(history[:40] + [999] * 30), 16, 1)  # diverges inside block 2
+    assert (cache.blocks_hashed, cache.blocks_reused) == (8, 8)
+    assert keys == chain_block_keys(history[:40] + [999] * 30, 16, 1)
+
+
+def test_the_cache_is_bounded() -> None:
+    cache = PrefixKeyCache(max_entries=2)
+    for first in range(5):
+        cache.keys(pack_tokens_u32le([first] * 32), 16, 1)
+    assert len(cache._entries) == 2
