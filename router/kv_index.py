@@ -23,7 +23,7 @@ from operator import and_, ge, ne, or_
 
 from router.block_keys import chain_block_keys, model_seed
 from router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
-from router.mask_table import MaskTable, as_keys, prefix_holders_of
+from router.mask_table import MaskTable, as_keys
 
 _INT_BYTES = sys.getsizeof(2**63)  # a 64-bit int object
 
@@ -282,7 +282,7 @@ class KvIndex:
         self._expire(self._clock())
         names = self._worker_of_slot
         if len(keys) <= _SMALL_PROMPT_KEYS:  # a short prompt: per-key gets beat numpy's fixed cost
-            held = _confirmed_prefix_masks(self._confirmed.get, keys)
+            held = _running_and(self._confirmed.get, keys)
             result = {names[slot]: (length, 0) for slot, length in _lengths_of(held).items()}
         else:
             slots, lengths = self._confirmed.prefix_holders(as_keys(keys))
@@ -327,10 +327,8 @@ _SMALL_PROMPT_KEYS = 48  # measured crossover: per-key table gets vs one vectori
 def _prefix_lengths(keys: Sequence[int], masks: dict[int, int]) -> dict[int, int]:
     """{bit index: number of leading keys whose mask has that bit}, for bits set in keys[0]'s mask.
 
-    held[i] = AND of the masks of keys 0..i only loses bits as i grows. With every bit under 64
-    (up to 64 worker slots) numpy finds where it changes and which bits it loses there;
-    otherwise the positions where it changes are found in C, and each lost bit is recorded once
-    (at most one per worker).
+    held[i] = AND of the masks of keys 0..i only loses bits as i grows: the positions where it
+    changes are found in C, and each lost bit is recorded once (at most one per worker).
     """
     found = _leading_masks(keys, masks)
     if not found or not found[0]:
@@ -342,12 +340,6 @@ def _prefix_lengths(keys: Sequence[int], masks: dict[int, int]) -> dict[int, int
         lengths: dict[int, int] = {}
         _record(first, run, lengths)
         return lengths
-    try:
-        column = as_keys(found)
-    except OverflowError:  # a bit >= 64: Python ints
-        pass
-    else:
-        return dict(zip(*prefix_holders_of(column.reshape(-1, 1))))
     return _lengths_of(list(accumulate(found, and_)))
 
 
@@ -362,7 +354,7 @@ def _lengths_of(held: list[int]) -> dict[int, int]:
     return lengths
 
 
-def _confirmed_prefix_masks(get: Callable[[int], int], keys: Sequence[int]) -> list[int]:
+def _running_and(get: Callable[[int], int], keys: Sequence[int]) -> list[int]:
     """Running AND of get(key) over the leading keys, while it is nonzero."""
     held: list[int] = []
     active = -1

@@ -198,18 +198,10 @@ class Router:
         return {size: self.key_cache.keys(packed, size, seed) for size in sizes}
 
     def _views(self, specs: list[WorkerSpec], matches: dict[int, dict[str, tuple[int, int]]]) -> list[WorkerView]:
-        get_load = self.load.get
-        if len(matches) == 1:  # one block size in the pool (the usual case): one dict for all
-            (block_size, held), = matches.items()
-            get_held, new = held.get, tuple.__new__  # WorkerView(...) runs a Python __new__: twice the cost
-            return [new(WorkerView, (s.worker_id, get_load(s.worker_id), block_size,
-                                     *get_held(s.worker_id, _NOTHING_HELD)))
-                    for s in specs]
-        return [
-            WorkerView(spec.worker_id, get_load(spec.worker_id), spec.block_size,
-                       *matches[spec.block_size].get(spec.worker_id, _NOTHING_HELD))
-            for spec in specs
-        ]
+        get_load, new = self.load.get, tuple.__new__  # WorkerView(...) runs a Python __new__: twice the cost
+        return [new(WorkerView, (s.worker_id, get_load(s.worker_id), s.block_size,
+                                 *matches[s.block_size].get(s.worker_id, _NOTHING_HELD)))
+                for s in specs]
 
     def _remember_cached(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -104,14 +105,13 @@ class KvAware:
         self, req: RouteRequest, workers: Sequence[WorkerView]
     ) -> tuple[list[float], list[float], list[int], list[int]]:
         """Per worker: the score, the predicted TTFT alone (first term, for the explanation), cached
-        blocks and requests (WorkerLoad.num_requests). One pass, no calls: it runs for every
-        candidate of every request."""
+        blocks and requests (WorkerLoad.num_requests), in one pass over the candidates."""
         p = self.params
         prompt_tokens = req.num_prompt_tokens or 0
         threshold, kv_scale = p.kv_pressure_threshold, p.kv_pressure_penalty_s / (1 - p.kv_pressure_threshold)
         recompute_weight, predicted_weight = p.recompute_weight, p.predicted_weight
         queue_penalty_s, decode_penalty_s = p.queue_penalty_s, p.decode_penalty_s
-        shared_rate = _median([w.load.prefill_tokens_per_s for w in workers]) if p.pool_prefill_rate else None
+        shared_rate = statistics.median(w.load.prefill_tokens_per_s for w in workers) if p.pool_prefill_rate else None
         scores: list[float] = []
         ttfts: list[float] = []
         cached_blocks: list[int] = []
@@ -131,16 +131,14 @@ class KvAware:
             usage = load.kv_usage_frac
             if usage is not None and usage > threshold:
                 score += kv_scale * (usage - threshold)
-            waiting, running = load.scraped_waiting_requests, load.scraped_running_requests
-            if waiting:
-                score += queue_penalty_s * waiting
+            if load.scraped_waiting_requests:
+                score += queue_penalty_s * load.scraped_waiting_requests
             if load.decode_seqs_running:
                 score += decode_penalty_s * load.decode_seqs_running
-            scraped = (waiting or 0) + (running or 0)
             scores.append(score)
             ttfts.append(ttft)
             cached_blocks.append(blocks)
-            requests.append(scraped if scraped > load.in_flight_requests else load.in_flight_requests)
+            requests.append(load.num_requests)
         return scores, ttfts, cached_blocks, requests
 
     def _hot(self, req: RouteRequest, loads: list[int], cached: list[int]) -> tuple[list[bool], list[bool]]:
@@ -187,9 +185,3 @@ def _rank(scores: list[float], hot: list[bool]) -> list[int]:
         (i for i, h in enumerate(hot) if h), key=by_score
     )
 
-
-def _median(values: list[float]) -> float:
-    """statistics.median without its generality (this runs per request)."""
-    values.sort()
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
