@@ -21,7 +21,7 @@ install: $(STAMP)
 model: $(STAMP)
 	$(PY) -m worker.model.default_model
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py $(wildcard router/*.c)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'

@@ -1,5 +1,6 @@
 """Chained block keys: xxh3_64 over (previous key || block tokens), per docs/architecture.md; and a
-cache that lets a prompt extending a recent one hash only its new blocks."""
+cache that lets a prompt extending a recent one hash only its new blocks.
+The chain runs in the C extension router._blockhash when it is built (COMPILED_KEYS), else in Python."""
 
 from __future__ import annotations
 
@@ -10,6 +11,14 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 import xxhash
+
+try:
+    from router._blockhash import chain_keys as _chain_keys_c, pack_u32 as _pack_u32_c
+except ImportError:  # built without a C compiler (setup.py marks the extension optional)
+    _chain_keys_c = _pack_u32_c = None
+
+COMPILED_KEYS: bool = _chain_keys_c is not None
+"""Whether chain_block_keys runs the C extension (else the pure-Python chain)."""
 
 _xxh3_64 = xxhash.xxh3_64_intdigest
 _U64LE = struct.Struct("<Q").pack
@@ -24,6 +33,8 @@ def model_seed(model_name: str) -> int:
 
 def pack_tokens_u32le(token_ids: Sequence[int]) -> bytes:
     """Token ids as consecutive 4-byte little-endian unsigned ints (raises OverflowError if not u32)."""
+    if _pack_u32_c is not None and isinstance(token_ids, (list, tuple)):
+        return _pack_u32_c(token_ids)
     packed = array(_U32_TYPECODE, token_ids)
     if _NEEDS_BYTESWAP:
         packed.byteswap()
@@ -41,6 +52,13 @@ def chain_block_keys(
     if block_size < 1:
         raise ValueError("block_size must be >= 1")
     packed = token_ids if isinstance(token_ids, bytes) else pack_tokens_u32le(token_ids)
+    if _chain_keys_c is not None:
+        return _chain_keys_c(packed, block_size, parent_key)
+    return _chain_packed_python(packed, block_size, parent_key)
+
+
+def _chain_packed_python(packed: bytes, block_size: int, parent_key: int) -> list[int]:
+    """chain_block_keys of packed tokens in pure Python (the path without the C extension)."""
     stride = 4 * block_size
     num_blocks = len(packed) // stride
     # struct cuts the blocks out in C (its format cache keeps the compiled layout)

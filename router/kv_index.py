@@ -25,6 +25,11 @@ from router.block_keys import chain_block_keys, model_seed
 from router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from router.mask_table import MaskTable, as_keys
 
+try:
+    from router._mask_lookup import dict_prefix_holders as _dict_prefix_holders_c
+except ImportError:  # built without a C compiler (setup.py marks the extension optional)
+    _dict_prefix_holders_c = None
+
 _INT_BYTES = sys.getsizeof(2**63)  # a 64-bit int object
 
 
@@ -285,12 +290,12 @@ class KvIndex:
             held = _running_and(self._confirmed.get, keys)
             result = {names[slot]: (length, 0) for slot, length in _lengths_of(held).items()}
         else:
-            slots, lengths = self._confirmed.prefix_holders(as_keys(keys))
+            slots, lengths = self._confirmed.prefix_holders(keys)
             # built in C: {name of slot: (length, 0)}
             result = dict(zip(map(names.__getitem__, slots), zip(lengths, repeat(0))))
         predicted = self._predicted
         if predicted and keys and keys[0] in predicted:
-            for slot, length in _prefix_lengths(keys, predicted).items():
+            for slot, length in _predicted_prefix_lengths(keys, predicted):
                 name = names[slot]
                 result[name] = (result.get(name, _NONE)[0], length)
         return result
@@ -322,6 +327,16 @@ class KvIndex:
 _NONE = (0, 0)
 RESERVE_LIMIT_BLOCKS = 1 << 20  # reserve() allocates for at most this many keys (~64 MiB)
 _SMALL_PROMPT_KEYS = 48  # measured crossover: per-key table gets vs one vectorized lookup (~25 µs)
+
+
+def _predicted_prefix_lengths(keys: Sequence[int], masks: dict[int, int]) -> Iterable[tuple[int, int]]:
+    """(bit index, prefix length) pairs, as _prefix_lengths(keys, masks).items(): walked in C
+    (router._mask_lookup) for a list or tuple of keys while the masks fit in 64 bits."""
+    if _dict_prefix_holders_c is not None and isinstance(keys, (list, tuple)):
+        found = _dict_prefix_holders_c(masks, keys)
+        if found is not None:
+            return zip(*found)
+    return _prefix_lengths(keys, masks).items()
 
 
 def _prefix_lengths(keys: Sequence[int], masks: dict[int, int]) -> dict[int, int]:

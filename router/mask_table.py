@@ -29,6 +29,11 @@ from operator import rshift
 
 import numpy as np
 
+try:
+    from router._mask_lookup import prefix_holders as _prefix_holders_c
+except ImportError:  # built without a C compiler (setup.py marks the extension optional)
+    _prefix_holders_c = None
+
 __all__ = ["MAX_LOAD", "MaskTable", "as_keys", "prefix_holders_of"]
 
 MAX_LOAD = 0.48  # keys per slot before doubling; two-choice cuckoo placement fails past 1/2
@@ -370,8 +375,11 @@ class MaskTable:
         mask and how many leading keys all have it (the decision path: a few workers' lengths
         out of 64 * words bits).
 
-        The pairs come in no particular order (see prefix_holders_of).
+        The pairs come in no particular order (see prefix_holders_of). A list or tuple of keys
+        is walked in C (router._mask_lookup) while the overflow dict is empty.
         """
+        if _prefix_holders_c is not None and not self._stash and isinstance(keys, (list, tuple)):
+            return _prefix_holders_c(self._tab, keys)
         k = as_keys(keys)
         n = len(k)
         if not n:

@@ -390,8 +390,21 @@ def test_prefix_holders_are_the_nonzero_prefix_lengths(held_for: dict[int, int],
     for key, mask in zip(keys, masks):
         apply(table, ref, "add", key, mask)
     expected = {b: n for b, n in enumerate(ref_prefix_lengths(keys, ref, 64 * table.words)) if n}
-    bits, lengths = table.prefix_holders(keys)
-    assert len(bits) == len(lengths) == len(set(bits))
-    assert dict(zip(bits, lengths)) == expected
+    for given in (keys, tuple(keys), as_keys(keys)):  # list/tuple: the C walk when built; array: numpy
+        bits, lengths = table.prefix_holders(given)
+        assert len(bits) == len(lengths) == len(set(bits))
+        assert dict(zip(bits, lengths)) == expected
     column = np.array([[mask >> (64 * w) & U64 for w in range(table.words)] for mask in masks], dtype=np.uint64)
     assert dict(zip(*prefix_holders_of(column))) == expected
+
+
+def test_prefix_holders_of_masks_wider_than_a_thousand_workers() -> None:
+    """Masks of 20 words (more than the C walk keeps on its stack): the same holders either way."""
+    rng = random.Random(7)
+    table = MaskTable(initial_slots=8)
+    keys = [rng.getrandbits(64) for _ in range(12)]
+    for i, key in enumerate(keys):
+        table.add_bits(key, sum(1 << bit for bit in (3, 700, 1279) if i < bit % 13))
+    expected = {3: 3, 700: 11, 1279: 5}
+    assert dict(zip(*table.prefix_holders(keys))) == expected
+    assert dict(zip(*table.prefix_holders(as_keys(keys)))) == expected

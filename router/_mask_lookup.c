@@ -1,0 +1,214 @@
+/* router._mask_lookup: MaskTable.prefix_holders (router/mask_table.py) in one C call, and the
+ * same walk over the KV index's predicted-layer dict.
+ *
+ * The table is MaskTable's numpy array: a power-of-two number of rows [key, mask word 0 .. W-1]
+ * (uint64). A key's candidate rows are its low and its high 32 bits & (rows - 1); the key is in
+ * the second if that row's key equals it, else in the first if that one does, else absent (a
+ * free row holds a filler key that cannot hash to it, so it never matches). The overflow dict of
+ * the Python class is not seen here: MaskTable calls this only while that dict is empty.
+ *
+ * For the leading keys of a prompt this walks the running AND of their masks and reports every
+ * bit set in the first key's mask with the number of leading keys that all have it: the same
+ * (bits, lengths) pairs as prefix_holders_of, in increasing bit order per length.
+ * dict_prefix_holders does the same over a dict {key: int mask} (the KV index's predicted layer).
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+
+typedef uint64_t u64;
+
+#define STACK_WORDS 16 /* masks of up to 1,024 workers need no heap buffer */
+
+/* Append (bit, length) for every bit set in `bits` of word w. */
+static int emit(u64 bits, Py_ssize_t w, Py_ssize_t length, PyObject *out_bits, PyObject *out_lengths) {
+    while (bits) {
+        const int low = __builtin_ctzll(bits);
+        bits &= bits - 1;
+        PyObject *bit = PyLong_FromSsize_t(w * 64 + low);
+        PyObject *len = PyLong_FromSsize_t(length);
+        int failed = bit == NULL || len == NULL || PyList_Append(out_bits, bit) < 0 ||
+                     PyList_Append(out_lengths, len) < 0;
+        Py_XDECREF(bit);
+        Py_XDECREF(len);
+        if (failed)
+            return -1;
+    }
+    return 0;
+}
+
+/* The row holding key, or NULL. */
+static inline const u64 *find_row(const u64 *tab, size_t row_len, u64 slot_mask, u64 key) {
+    const u64 *second = tab + ((key >> 32) & slot_mask) * row_len;
+    if (second[0] == key)
+        return second;
+    const u64 *first = tab + (key & 0xFFFFFFFFULL & slot_mask) * row_len;
+    return first[0] == key ? first : NULL;
+}
+
+static int walk(const u64 *tab, size_t row_len, u64 slot_mask, PyObject *keys, u64 *held, PyObject *out_bits,
+                PyObject *out_lengths) {
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
+    PyObject **items = PySequence_Fast_ITEMS(keys);
+    const size_t words = row_len - 1;
+    Py_ssize_t length = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const unsigned long long key = PyLong_AsUnsignedLongLong(items[i]);
+        if (key == (unsigned long long)-1 && PyErr_Occurred())
+            return -1;
+        const u64 *row = find_row(tab, row_len, slot_mask, (u64)key);
+        if (row == NULL)
+            break; /* nothing holds this key, so nothing holds a longer prefix */
+        u64 any = 0;
+        for (size_t w = 0; w < words; w++) {
+            const u64 now = i ? held[w] & row[1 + w] : row[1 + w];
+            if (i && emit(held[w] & ~now, (Py_ssize_t)w, i, out_bits, out_lengths) < 0)
+                return -1;
+            held[w] = now;
+            any |= now;
+        }
+        if (!any) /* every bit of the first key was lost by now */
+            return 0;
+        length = i + 1;
+    }
+    for (size_t w = 0; w < words && length; w++)
+        if (emit(held[w], (Py_ssize_t)w, length, out_bits, out_lengths) < 0)
+            return -1;
+    return 0;
+}
+
+PyDoc_STRVAR(prefix_holders_doc,
+"prefix_holders(table, keys, /) -> (list[int], list[int])\n\n"
+"table: MaskTable's C-contiguous (2**k, 1 + W) uint64 array; keys: a list or tuple of ints in "
+"[0, 2**64). Every bit set in keys[0]'s mask and how many leading keys all have it.");
+
+static PyObject *prefix_holders(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "prefix_holders() takes exactly 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *keys = args[1];
+    if (!PyList_Check(keys) && !PyTuple_Check(keys)) {
+        PyErr_SetString(PyExc_TypeError, "prefix_holders() takes the keys as a list or a tuple");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    PyObject *out_bits = NULL, *out_lengths = NULL, *result = NULL;
+    u64 stack_held[STACK_WORDS];
+    u64 *held = stack_held;
+    if (view.ndim != 2 || view.itemsize != 8 || view.shape[1] < 2 || view.shape[0] < 1 ||
+        (view.shape[0] & (view.shape[0] - 1)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "table must be a C-contiguous (2**k, 1 + words) uint64 array");
+        goto done;
+    }
+    const size_t row_len = (size_t)view.shape[1];
+    if (row_len - 1 > STACK_WORDS && (held = PyMem_Malloc((row_len - 1) * sizeof(u64))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    out_bits = PyList_New(0);
+    out_lengths = PyList_New(0);
+    if (out_bits == NULL || out_lengths == NULL)
+        goto done;
+    if (walk((const u64 *)view.buf, row_len, (u64)view.shape[0] - 1, keys, held, out_bits, out_lengths) < 0)
+        goto done;
+    result = PyTuple_Pack(2, out_bits, out_lengths);
+
+done:
+    if (held != stack_held)
+        PyMem_Free(held);
+    Py_XDECREF(out_bits);
+    Py_XDECREF(out_lengths);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* dict_prefix_holders: the same walk over a dict {key: mask} (the predicted layer), while every
+ * mask fits in 64 bits; 1 = done, 0 = a wider mask was met (the caller falls back), -1 = error. */
+static int walk_dict(PyObject *masks, PyObject *keys, PyObject *out_bits, PyObject *out_lengths) {
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
+    PyObject **items = PySequence_Fast_ITEMS(keys);
+    u64 held = 0;
+    Py_ssize_t length = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *value = PyDict_GetItemWithError(masks, items[i]); /* borrowed */
+        if (value == NULL) {
+            if (PyErr_Occurred())
+                return -1;
+            break;
+        }
+        int overflow = 0;
+        const long long as_signed = PyLong_AsLongLongAndOverflow(value, &overflow);
+        u64 mask;
+        if (overflow > 0) { /* 2**63 .. 2**64 - 1 still fits a u64 */
+            const unsigned long long wide = PyLong_AsUnsignedLongLong(value);
+            if (wide == (unsigned long long)-1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return 0;
+            }
+            mask = (u64)wide;
+        } else if (overflow < 0 || as_signed < 0) {
+            return 0; /* not a bitmask this walk knows */
+        } else if (as_signed == -1 && PyErr_Occurred()) {
+            return -1;
+        } else {
+            mask = (u64)as_signed;
+        }
+        const u64 now = i ? held & mask : mask;
+        if (i && emit(held & ~now, 0, i, out_bits, out_lengths) < 0)
+            return -1;
+        held = now;
+        if (!held)
+            return 1;
+        length = i + 1;
+    }
+    if (length && emit(held, 0, length, out_bits, out_lengths) < 0)
+        return -1;
+    return 1;
+}
+
+PyDoc_STRVAR(dict_prefix_holders_doc,
+"dict_prefix_holders(masks, keys, /) -> (list[int], list[int]) | None\n\n"
+"prefix_holders over a dict {key: int bitmask}: every bit of keys[0]'s mask and how many leading "
+"keys all have it; None if a mask on the way is wider than 64 bits (walk it in Python then).");
+
+static PyObject *dict_prefix_holders(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2 || !PyDict_Check(args[0]) || !(PyList_Check(args[1]) || PyTuple_Check(args[1]))) {
+        PyErr_SetString(PyExc_TypeError, "dict_prefix_holders() takes a dict and a list or tuple of keys");
+        return NULL;
+    }
+    PyObject *out_bits = PyList_New(0), *out_lengths = PyList_New(0), *result = NULL;
+    if (out_bits != NULL && out_lengths != NULL) {
+        const int done = walk_dict(args[0], args[1], out_bits, out_lengths);
+        if (done == 1)
+            result = PyTuple_Pack(2, out_bits, out_lengths);
+        else if (done == 0)
+            result = Py_NewRef(Py_None);
+    }
+    Py_XDECREF(out_bits);
+    Py_XDECREF(out_lengths);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"prefix_holders", (PyCFunction)(void (*)(void))prefix_holders, METH_FASTCALL, prefix_holders_doc},
+    {"dict_prefix_holders", (PyCFunction)(void (*)(void))dict_prefix_holders, METH_FASTCALL,
+     dict_prefix_holders_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "router._mask_lookup",
+    .m_doc = "Prefix holders of a prompt's keys in the KV index (see router/mask_table.py), in C.",
+    .m_size = 0,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__mask_lookup(void) { return PyModuleDef_Init(&module_def); }
