@@ -12,6 +12,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import handlers
 from gateway.admission_slot import AdmissionMiddleware
@@ -22,13 +23,31 @@ from gateway.middleware import LimitsMiddleware, RequestContextMiddleware
 
 
 def build_middleware(core: GatewayCore, keys: KeyStore) -> list[Middleware]:
-    """Outermost first: request id + trace context, auth, limits, admission."""
+    """Outermost first: request id + trace context, auth, limits, admission; then the completion
+    endpoints, reached without Starlette's router (every other path goes on to it)."""
     return [
         Middleware(RequestContextMiddleware),
         Middleware(AuthMiddleware, keys=keys),
         Middleware(LimitsMiddleware, limits=core.config.limits),
         Middleware(AdmissionMiddleware),
+        Middleware(CompletionPaths),
     ]
+
+
+class CompletionPaths:
+    """POST /v1/chat/completions and /v1/completions straight to their ASGI endpoints: the path
+    every completion takes skips the router's route matching and its exception wrapper (the
+    endpoints answer their own errors; Starlette's outermost ServerErrorMiddleware still turns
+    anything unexpected into a 500). Other methods on these paths reach the router (405)."""
+
+    ENDPOINTS = {"/v1/chat/completions": handlers.chat_completions, "/v1/completions": handlers.completions}
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = self.ENDPOINTS.get(scope.get("path", "")) if scope.get("method") == "POST" else None
+        await (endpoint or self.app)(scope, receive, send)
 
 
 def build_app(core: GatewayCore, keys: KeyStore | None = None, *, freeze_gc: bool = False) -> Starlette:

@@ -267,12 +267,13 @@ async def open_loop(port: int, rate_per_s: float, duration_s: float, warmup_s: f
             errors += 1
 
     start = time.perf_counter()
-    t, cpu_from = start, time.process_time()
+    t, cpu_from, sent = start, time.process_time(), 0
     while t < start + warmup_s + duration_s:
         t += rng.expovariate(rate_per_s) if arrivals == "poisson" else 1.0 / rate_per_s
         delay = t - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
+        sent += 1
         task = asyncio.create_task(one(t, t >= start + warmup_s))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
@@ -280,7 +281,7 @@ async def open_loop(port: int, rate_per_s: float, duration_s: float, warmup_s: f
     cpu_s = time.process_time() - cpu_from
     pool.close()
     return {"rate_per_s": rate_per_s, "arrivals": arrivals, "connections": connections, "requests": len(latencies_s),
-            "errors": errors,
+            "errors": errors, "requests_total": sent,
             "p50_ms": percentile(latencies_s, 0.50) * 1e3, "p90_ms": percentile(latencies_s, 0.90) * 1e3,
             "p99_ms": percentile(latencies_s, 0.99) * 1e3, "mean_ms": statistics.fmean(latencies_s) * 1e3,
             "load_generator_cpu_frac": cpu_s / (warmup_s + duration_s)}
@@ -447,15 +448,17 @@ def with_cpu(pid: int, job: str, **kwargs: Any) -> dict[str, Any]:
     return {**result, "server_cpu_s": process_cpu_s(pid) - before}
 
 
-def measure(gateway_port: int, worker_port: int, gateway_pid: int, quick: bool) -> dict[str, Any]:
+def measure(gateway_port: int, worker_port: int, gateway_pid: int, worker_pid: int, quick: bool) -> dict[str, Any]:
+    """Each phase records the CPU seconds of the process under test (the fake worker for direct)."""
     scale = 0.3 if quick else 1.0
     saturation = {"concurrency": 32, "duration_s": 8 * scale, "warmup_s": 2 * scale}
-    sat = {"direct": run_job("closed_loop", port=worker_port, **saturation),
+    sat = {"direct": with_cpu(worker_pid, "closed_loop", port=worker_port, **saturation),
            "gateway": with_cpu(gateway_pid, "closed_loop", port=gateway_port, **saturation)}
     rate = round(LOAD_FRACTION * sat["gateway"]["requests_per_s"], 1)
-    lat, lat_uniform = ({name: run_job("open_loop", port=port, rate_per_s=rate, duration_s=20 * scale,
-                                       warmup_s=2 * scale, seed=1, connections=OPEN_LOOP_CONNECTIONS, arrivals=arrivals)
-                         for name, port in (("direct", worker_port), ("gateway", gateway_port))}
+    lat, lat_uniform = ({name: with_cpu(pid, "open_loop", port=port, rate_per_s=rate, duration_s=20 * scale,
+                                        warmup_s=2 * scale, seed=1, connections=OPEN_LOOP_CONNECTIONS, arrivals=arrivals)
+                         for name, port, pid in (("direct", worker_port, worker_pid),
+                                                 ("gateway", gateway_port, gateway_pid))}
                         for arrivals in ("poisson", "uniform"))
     streams = {}
     for n in (1, 100):
@@ -487,6 +490,11 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
         "per_chunk_overhead_ms": per_chunk,
         "per_chunk_marginal_ms": marginal,
         "gateway_cpu_ms_per_request": 1e3 * sat_gw["server_cpu_s"] / sat_gw["requests_total"],
+        "gateway_cpu_ms_per_request_at_load": _cpu_ms_per_request(lat["gateway"]),
+        # CPU per request x arrivals per second: the fraction of its CPU the gateway used at that rate
+        "gateway_busy_at_load": _cpu_ms_per_request(lat["gateway"]) * lat["gateway"]["rate_per_s"] / 1e3,
+        "direct_cpu_ms_per_request": _cpu_ms_per_request(raw["saturation"]["direct"]),
+        "direct_cpu_ms_per_request_at_load": _cpu_ms_per_request(lat["direct"]),
         "gateway_cpu_ms_per_chunk": 1e3 * (streams["gateway_100"]["server_cpu_s"] - streams["gateway_1"]["server_cpu_s"])
         / (99 * (streams["gateway_100"]["requests"] + WARMUP_REQUESTS)),
         "concurrent_streams_ok": many["ok"],
@@ -500,6 +508,10 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
         "concurrent_streams": many["ok"] == TARGETS["concurrent_streams"] and many["errors"] == 0,
     }
     return figures
+
+
+def _cpu_ms_per_request(phase: dict[str, Any]) -> float:
+    return 1e3 * phase["server_cpu_s"] / phase["requests_total"]
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -532,6 +544,11 @@ have a core of its own in production.
 Gateway CPU per non-streaming request (at saturation): {f['gateway_cpu_ms_per_request']:.2f} ms; per extra streamed
 chunk: {f['gateway_cpu_ms_per_chunk']:.3f} ms. These count only the gateway process's own CPU time, so they depend
 less on what else runs on the machine than the latencies do.
+CPU per request at saturation vs at the 70% rate (requests arriving one by one, open loop): gateway
+{f['gateway_cpu_ms_per_request']:.2f} vs {f['gateway_cpu_ms_per_request_at_load']:.2f} ms, the fake worker
+{f['direct_cpu_ms_per_request']:.3f} vs {f['direct_cpu_ms_per_request_at_load']:.3f} ms: on this machine a request
+served alone costs more CPU than one served in a batch, so at the 70% rate the gateway process was
+{f['gateway_busy_at_load']:.0%} busy.
 Failed requests in the open-loop phases (connection errors at the load generator): gateway
 {lat['gateway']['errors'] + uni['gateway']['errors']}, direct {lat['direct']['errors'] + uni['direct']['errors']}.
 Load generator CPU at saturation: {sat['gateway']['load_generator_cpu_frac']:.0%} of a core (it is not the
@@ -557,12 +574,12 @@ def main() -> None:
         config_path = tmp_dir / "gateway.yaml"
         config_path.write_text(yaml.safe_dump(gateway_config(gateway_port, worker_port)))
         gateway_cpus, other_cpus = cpu_placement()
-        stack.enter_context(child([sys.executable, "-m", "loadtest.bench_gateway", "--fake-worker", str(worker_port)],
+        worker = stack.enter_context(child([sys.executable, "-m", "loadtest.bench_gateway", "--fake-worker", str(worker_port)],
                                   worker_port, "/health", tmp_dir, cpus=other_cpus))
         env = {**os.environ, "KVGATE_API_KEY": API_KEY}
         gateway = stack.enter_context(child(gateway_argv(config_path), gateway_port, "/ready", tmp_dir, env=env,
                                             cpus=gateway_cpus))
-        raw = measure(gateway_port, worker_port, gateway.pid, args.quick)
+        raw = measure(gateway_port, worker_port, gateway.pid, worker.pid, args.quick)
     from loadtest.benchdoc import machine_description, replace_section
 
     result = {
