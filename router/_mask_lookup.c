@@ -1,5 +1,4 @@
-/* router._mask_lookup: MaskTable.prefix_holders (router/mask_table.py) in one C call, and the
- * same walk over the KV index's predicted-layer dict.
+/* router._mask_lookup: MaskTable.prefix_holders (router/mask_table.py) in one C call.
  *
  * The table is MaskTable's numpy array: a power-of-two number of rows [key, mask word 0 .. W-1]
  * (uint64). A key's candidate rows are its low and its high 32 bits & (rows - 1); the key is in
@@ -10,7 +9,6 @@
  * For the leading keys of a prompt this walks the running AND of their masks and reports every
  * bit set in the first key's mask with the number of leading keys that all have it: the same
  * (bits, lengths) pairs as prefix_holders_of, in increasing bit order per length.
- * dict_prefix_holders does the same over a dict {key: int mask} (the KV index's predicted layer).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -128,85 +126,15 @@ done:
     return result;
 }
 
-/* dict_prefix_holders: the same walk over a dict {key: mask} (the predicted layer), while every
- * mask fits in 64 bits; 1 = done, 0 = a wider mask was met (the caller falls back), -1 = error. */
-static int walk_dict(PyObject *masks, PyObject *keys, PyObject *out_bits, PyObject *out_lengths) {
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
-    PyObject **items = PySequence_Fast_ITEMS(keys);
-    u64 held = 0;
-    Py_ssize_t length = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *value = PyDict_GetItemWithError(masks, items[i]); /* borrowed */
-        if (value == NULL) {
-            if (PyErr_Occurred())
-                return -1;
-            break;
-        }
-        int overflow = 0;
-        const long long as_signed = PyLong_AsLongLongAndOverflow(value, &overflow);
-        u64 mask;
-        if (overflow > 0) { /* 2**63 .. 2**64 - 1 still fits a u64 */
-            const unsigned long long wide = PyLong_AsUnsignedLongLong(value);
-            if (wide == (unsigned long long)-1 && PyErr_Occurred()) {
-                PyErr_Clear();
-                return 0;
-            }
-            mask = (u64)wide;
-        } else if (overflow < 0 || as_signed < 0) {
-            return 0; /* not a bitmask this walk knows */
-        } else if (as_signed == -1 && PyErr_Occurred()) {
-            return -1;
-        } else {
-            mask = (u64)as_signed;
-        }
-        const u64 now = i ? held & mask : mask;
-        if (i && emit(held & ~now, 0, i, out_bits, out_lengths) < 0)
-            return -1;
-        held = now;
-        if (!held)
-            return 1;
-        length = i + 1;
-    }
-    if (length && emit(held, 0, length, out_bits, out_lengths) < 0)
-        return -1;
-    return 1;
-}
-
-PyDoc_STRVAR(dict_prefix_holders_doc,
-"dict_prefix_holders(masks, keys, /) -> (list[int], list[int]) | None\n\n"
-"prefix_holders over a dict {key: int bitmask}: every bit of keys[0]'s mask and how many leading "
-"keys all have it; None if a mask on the way is wider than 64 bits (walk it in Python then).");
-
-static PyObject *dict_prefix_holders(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    (void)module;
-    if (nargs != 2 || !PyDict_Check(args[0]) || !(PyList_Check(args[1]) || PyTuple_Check(args[1]))) {
-        PyErr_SetString(PyExc_TypeError, "dict_prefix_holders() takes a dict and a list or tuple of keys");
-        return NULL;
-    }
-    PyObject *out_bits = PyList_New(0), *out_lengths = PyList_New(0), *result = NULL;
-    if (out_bits != NULL && out_lengths != NULL) {
-        const int done = walk_dict(args[0], args[1], out_bits, out_lengths);
-        if (done == 1)
-            result = PyTuple_Pack(2, out_bits, out_lengths);
-        else if (done == 0)
-            result = Py_NewRef(Py_None);
-    }
-    Py_XDECREF(out_bits);
-    Py_XDECREF(out_lengths);
-    return result;
-}
-
 static PyMethodDef methods[] = {
     {"prefix_holders", (PyCFunction)(void (*)(void))prefix_holders, METH_FASTCALL, prefix_holders_doc},
-    {"dict_prefix_holders", (PyCFunction)(void (*)(void))dict_prefix_holders, METH_FASTCALL,
-     dict_prefix_holders_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
     .m_name = "router._mask_lookup",
-    .m_doc = "Prefix holders of a prompt's keys in the KV index (see router/mask_table.py), in C.",
+    .m_doc = "MaskTable.prefix_holders (see router/mask_table.py), computed in C.",
     .m_size = 0,
     .m_methods = methods,
 };

@@ -18,17 +18,12 @@ import sys
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, compress, count, islice, repeat
-from operator import and_, ge, ne, or_
+from itertools import compress, count, islice, repeat
+from operator import ge, ne, or_
 
 from router.block_keys import chain_block_keys, model_seed
 from router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from router.mask_table import MaskTable, as_keys
-
-try:
-    from router._mask_lookup import dict_prefix_holders as _dict_prefix_holders_c
-except ImportError:  # built without a C compiler (setup.py marks the extension optional)
-    _dict_prefix_holders_c = None
 
 _INT_BYTES = sys.getsizeof(2**63)  # a 64-bit int object
 
@@ -295,7 +290,7 @@ class KvIndex:
             result = dict(zip(map(names.__getitem__, slots), zip(lengths, repeat(0))))
         predicted = self._predicted
         if predicted and keys and keys[0] in predicted:
-            for slot, length in _predicted_prefix_lengths(keys, predicted):
+            for slot, length in _predicted_prefix_lengths(keys, predicted).items():
                 name = names[slot]
                 result[name] = (result.get(name, _NONE)[0], length)
         return result
@@ -329,33 +324,34 @@ RESERVE_LIMIT_BLOCKS = 1 << 20  # reserve() allocates for at most this many keys
 _SMALL_PROMPT_KEYS = 48  # measured crossover: per-key table gets vs one vectorized lookup (~25 µs)
 
 
-def _predicted_prefix_lengths(keys: Sequence[int], masks: dict[int, int]) -> Iterable[tuple[int, int]]:
-    """(bit index, prefix length) pairs, as _prefix_lengths(keys, masks).items(): walked in C
-    (router._mask_lookup) for a list or tuple of keys while the masks fit in 64 bits."""
-    if _dict_prefix_holders_c is not None and isinstance(keys, (list, tuple)):
-        found = _dict_prefix_holders_c(masks, keys)
-        if found is not None:
-            return zip(*found)
-    return _prefix_lengths(keys, masks).items()
+def _predicted_prefix_lengths(keys: Sequence[int], masks: dict[int, int]) -> dict[int, int]:
+    """{bit index: number of leading keys whose mask has that bit}, for bits set in keys[0]'s mask,
+    in the predicted layer.
 
-
-def _prefix_lengths(keys: Sequence[int], masks: dict[int, int]) -> dict[int, int]:
-    """{bit index: number of leading keys whose mask has that bit}, for bits set in keys[0]'s mask.
-
-    held[i] = AND of the masks of keys 0..i only loses bits as i grows: the positions where it
-    changes are found in C, and each lost bit is recorded once (at most one per worker).
+    A prediction is a prompt's whole key chain, and a key is kept while any prediction holding it
+    lives, so a worker predicted to hold a key holds every key before it (a chained key names its
+    whole prefix): each key's mask is a subset of the one before. A worker's length is then the last
+    key that still has its bit, found by bisection: a few lookups per distinct length, not one per
+    key (record_prediction's contract: whole chains from a prompt's first block).
     """
-    found = _leading_masks(keys, masks)
-    if not found or not found[0]:
-        return {}
-    # the usual shape: one set of workers predicted the same run of keys, then nothing (checked in C)
-    first = found[0]
-    run = found.index(0) if 0 in found else len(found)
-    if found[:run].count(first) == run:
-        lengths: dict[int, int] = {}
-        _record(first, run, lengths)
-        return lengths
-    return _lengths_of(list(accumulate(found, and_)))
+    get = masks.get
+    lengths: dict[int, int] = {}
+    first = get(keys[0], 0) if keys else 0
+    pending = [(first, 1, len(keys))] if first else []  # bits whose lengths are all in [lo, hi]
+    while pending:
+        bits, lo, hi = pending.pop()
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            longer = bits & get(keys[mid - 1], 0)  # these hold keys[mid - 1]: length >= mid
+            if longer and longer != bits:
+                pending.append((longer, mid, hi))
+                bits, hi = bits & ~longer, mid - 1
+            elif longer:
+                lo = mid
+            else:
+                hi = mid - 1
+        _record(bits, lo, lengths)
+    return lengths
 
 
 def _lengths_of(held: list[int]) -> dict[int, int]:
@@ -379,23 +375,6 @@ def _running_and(get: Callable[[int], int], keys: Sequence[int]) -> list[int]:
             break
         held.append(active)
     return held
-
-
-def _leading_masks(keys: Sequence[int], masks: dict[int, int]) -> list[int]:
-    """The masks of the leading keys (0 if absent), as far as some worker may hold the prefix.
-
-    Keys are looked up in growing chunks, and no further once the first mask and a chunk's last
-    have no bit in common (the running AND is 0 by then; usually the chunk ran past the
-    prompt's predicted part, into keys absent from masks).
-    """
-    found: list[int] = []
-    active, start, chunk = -1, 0, 32
-    get = masks.get
-    while start < len(keys) and active:
-        part = list(map(get, keys[start : start + chunk], repeat(0)))
-        found += part
-        active, start, chunk = active & found[0] & part[-1], start + chunk, chunk * 2
-    return found
 
 
 def _record(bits: int, length: int, lengths: dict[int, int]) -> None:

@@ -11,10 +11,13 @@ from router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from router.kv_index import KvIndex
 from router.mask_table import MAX_LOAD
 
+from conftest import FakeClock
+
 MODEL = "m"
 B = 4
 TOKENS = list(range(100, 124))  # six blocks
 KEYS = block_keys(TOKENS, B, MODEL)
+OTHER_KEYS = block_keys(TOKENS[: 2 * B] + list(range(500, 516)), B, MODEL)  # shares two blocks with KEYS
 
 
 def expected_match(held: dict[str, set[int]], predicted: dict[str, set[int]]) -> dict[str, tuple[int, int]]:
@@ -226,20 +229,25 @@ def test_clearing_a_worker_with_many_blocks_keeps_the_others(clock) -> None:
 @given(
     wide=st.booleans(),
     stored_prefixes=st.lists(st.integers(0, 6), min_size=1, max_size=3),
-    predicted_sets=st.lists(st.lists(st.sets(st.integers(0, 5), max_size=6), max_size=2), min_size=3, max_size=3),
+    predicted_prompts=st.lists(st.lists(st.tuples(st.booleans(), st.integers(0, 6)), max_size=3),
+                               min_size=3, max_size=3),
     cleared=st.sets(st.integers(0, 2)),
+    expire_first=st.booleans(),
 )
-def test_match_equals_a_brute_force_walk_with_gappy_predictions_and_wide_masks(
-    wide: bool, stored_prefixes: list[int], predicted_sets: list[list[set[int]]], cleared: set[int]
+def test_match_equals_a_brute_force_walk_with_overlapping_predictions_and_wide_masks(
+    wide: bool, stored_prefixes: list[int], predicted_prompts: list[list[tuple[bool, int]]], cleared: set[int],
+    expire_first: bool,
 ) -> None:
-    """Predictions of any keys, not only prefixes; with `wide`, 64 other workers come first, so
-    these get slots >= 64 (two-word masks, Python-int walk of the predicted layer)."""
-    index = KvIndex()
+    """Predictions are leading blocks of two prompts that share their first two blocks; with
+    expire_first, every other one is recorded and expires before the rest are recorded; with
+    `wide`, 64 other workers come first, so these get slots >= 64 (two-word masks)."""
+    clock = FakeClock()
+    index = KvIndex(clock=clock, predicted_ttl_s=2.0)
     if wide:
         for i in range(64):
             index.add_worker(f"filler{i}", model_name=MODEL)
-    held: dict[str, set[int]] = {}
-    predicted: dict[str, set[int]] = {}
+    held: dict[str, set[int]] = {}  # block indexes of TOKENS
+    live: dict[str, set[int]] = {}  # predicted keys still live
     for w, n_stored in enumerate(stored_prefixes):
         worker = f"w{w}"
         index.add_worker(worker, model_name=MODEL)
@@ -248,14 +256,26 @@ def test_match_equals_a_brute_force_walk_with_gappy_predictions_and_wide_masks(
         held[worker] = set() if w in cleared else set(range(n_stored))
         if w in cleared:
             index.clear_worker(worker)
-        predicted[worker] = set()
-        for blocks in predicted_sets[w]:
-            index.record_prediction(worker, tuple(KEYS[i] for i in sorted(blocks)))
-            predicted[worker] |= blocks
+        live[worker] = set()
+    for first_round in (True, False):
+        for w in range(len(stored_prefixes)):
+            for i, (other, n) in enumerate(predicted_prompts[w]):
+                if (i % 2 == 0) == first_round:
+                    keys = (OTHER_KEYS if other else KEYS)[:n]
+                    index.record_prediction(f"w{w}", tuple(keys))
+                    live[f"w{w}"] |= set(keys)
+        if first_round and expire_first:
+            clock.advance(2.5)
+            live = {w: set() for w in live}
 
-    assert index.match(KEYS) == expected_match(held, predicted)
+    def indexes(walk: list[int], keys: set[int]) -> set[int]:
+        return {j for j, key in enumerate(walk) if key in keys}
+
+    assert index.match(KEYS) == expected_match(held, {w: indexes(KEYS, k) for w, k in live.items()})
+    assert index.match(OTHER_KEYS) == expected_match({w: {j for j in h if j < 2} for w, h in held.items()},
+                                                     {w: indexes(OTHER_KEYS, k) for w, k in live.items()})
     assert index.match(KEYS[:0]) == {}
-    assert index.stats().num_keys == len(set().union(*held.values())) + len(set().union(*predicted.values()))
+    assert index.stats().num_keys == len(set().union(*held.values())) + len(set().union(*live.values()))
 
 
 @pytest.mark.parametrize("num_keys", [1, 5, 47, 48, 49, 200], ids=lambda n: f"{n}-keys")
