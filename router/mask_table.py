@@ -34,7 +34,10 @@ try:
 except ImportError:  # built without a C compiler (setup.py marks the extension optional)
     _prefix_holders_c = None
 
-__all__ = ["MAX_LOAD", "MaskTable", "as_keys", "prefix_holders_of"]
+COMPILED_WALK: bool = _prefix_holders_c is not None
+"""Whether prefix_holders walks a list of keys in C (else numpy)."""
+
+__all__ = ["COMPILED_WALK", "MAX_LOAD", "MaskTable", "as_keys", "prefix_holders_of"]
 
 MAX_LOAD = 0.48  # keys per slot before doubling; two-choice cuckoo placement fails past 1/2
 _FAIL_GROW_LOAD = 0.3  # a failed placement at a lower load goes to the overflow dict instead
