@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,10 @@ class LoadPriors:
 class WorkerLoad:
     """One worker's live load record (mutated by LoadView; policies only read it).
 
-    decode_tokens_per_s is per running sequence.
+    decode_tokens_per_s is per running sequence. num_requests = max(our in-flight count, scraped
+    waiting + running): other gateways' requests count too. It is a stored field, not a property
+    (policies read it for every candidate of every decision), so whatever changes the request
+    counts calls count_requests() after.
     """
 
     in_flight_requests: int = 0
@@ -46,12 +49,14 @@ class WorkerLoad:
     kv_usage_frac: float | None = None
     prefill_tokens_per_s: float = 8_000.0
     decode_tokens_per_s: float = 40.0
+    num_requests: int = field(init=False, default=0)
 
-    @property
-    def num_requests(self) -> int:
-        """max(our in-flight count, scraped waiting + running): other gateways' requests count too."""
+    def __post_init__(self) -> None:
+        self.count_requests()
+
+    def count_requests(self) -> None:
         scraped = (self.scraped_waiting_requests or 0) + (self.scraped_running_requests or 0)
-        return max(self.in_flight_requests, scraped)
+        self.num_requests = max(self.in_flight_requests, scraped)
 
 
 @dataclass(slots=True)
@@ -94,6 +99,7 @@ class LoadView:
         load = self.get(worker_id)
         ahead = max(0, load.prefill_tokens_queued)
         load.in_flight_requests += 1
+        load.count_requests()
         load.prefill_tokens_queued += prefill_tokens
         self._requests[request_id] = _InFlight(worker_id, prefill_tokens, self._clock(), ahead)
 
@@ -124,6 +130,7 @@ class LoadView:
         if flight is None or load is None:
             return
         load.in_flight_requests -= 1
+        load.count_requests()
         if flight.first_token_at is None:
             load.prefill_tokens_queued -= flight.prefill_tokens
             return
@@ -147,6 +154,7 @@ class LoadView:
         load = self.get(worker_id)
         load.scraped_waiting_requests = waiting_requests
         load.scraped_running_requests = running_requests
+        load.count_requests()
         load.kv_usage_frac = kv_usage_frac
 
     def worker_of(self, request_id: str) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.load_view import LoadPriors, LoadView
+from router.load_view import LoadPriors, LoadView, WorkerLoad
 
 
 @pytest.fixture
@@ -78,3 +78,18 @@ def test_removing_a_worker_forgets_its_requests(loads: LoadView) -> None:
     loads.on_dispatch("w0", "r1", prefill_tokens=1)
     loads.remove_worker("w0")
     assert loads.worker_of("r1") is None
+
+
+def test_num_requests_follows_every_change_of_the_counts() -> None:
+    """num_requests is stored (read per candidate per decision): each change refreshes it."""
+    loads = LoadView()
+    assert loads.get("w0").num_requests == 0
+    loads.on_dispatch("w0", "a", 10)
+    loads.on_dispatch("w0", "b", 10)
+    assert loads.get("w0").num_requests == 2
+    loads.set_scraped("w0", waiting_requests=3, running_requests=1)
+    assert loads.get("w0").num_requests == 4
+    loads.set_scraped("w0", waiting_requests=None, running_requests=None)
+    loads.on_finish("a")
+    assert loads.get("w0").num_requests == 1
+    assert WorkerLoad(in_flight_requests=2, scraped_waiting_requests=5).num_requests == 5
