@@ -8,7 +8,8 @@ kv_aware's 10 s), each decision also runs the expiry path; the default 4,000 ite
 the samples include it. The judged decision runs with the router's key cache off (every decision
 hashes all 512 blocks); a second run with it on reports the decision for a prompt whose blocks
 were seen before (a conversation's next turn). Tokenization is measured apart (a small BPE
-trained here, so absolute numbers differ from a real model's tokenizer).
+trained here, so absolute numbers differ from a real model's tokenizer). The KV-event rate is
+measured through the real subscriber (ZMQ, decode, apply), judged with 32 events per message.
 After the index fills, gc.freeze() moves everything allocated so far out of the collector's
 generations (as a long-running gateway's steady state would be), so a collection during a
 decision does not walk the whole index. Prints JSON and writes the "router" section of
@@ -111,6 +112,77 @@ def single_block_event_rate(rng: random.Random, num_events: int = 200_000) -> fl
     return num_events / (time.perf_counter() - start)
 
 
+_PUBLISHER = """
+import sys, time, msgpack, zmq
+endpoint, num_events, per_batch, block_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+tokens = list(range(1000, 1000 + block_size))
+def event(i):
+    return ["BlockStored", [i + 1], i if i else None, tokens, block_size, None, "GPU"]
+messages = [(i // per_batch).to_bytes(8, "big", signed=True) for i in range(0, num_events, per_batch)]
+payloads = [msgpack.packb([time.time(), [event(i) for i in range(j, min(num_events, j + per_batch))], 0])
+            for j in range(0, num_events, per_batch)]
+socket = zmq.Context.instance().socket(zmq.PUB)
+socket.setsockopt(zmq.SNDHWM, 0)
+socket.bind(endpoint)
+time.sleep(1.0)  # let the subscription reach the publisher (ZMQ's slow joiner)
+for seq, payload in zip(messages, payloads):
+    socket.send_multipart([b"kv", seq, payload])
+time.sleep(30)  # keep the socket open until the subscriber has read everything (it kills us)
+"""
+
+
+def subscriber_event_rate(num_events: int, per_batch: int) -> dict:
+    """One-block BlockStored events through the real subscriber (ZMQ SUB on an asyncio loop,
+    msgpack decode, seq tracking, index apply), published by another process as fast as it can.
+
+    The rate counts from the first batch applied to the last, so the publisher's start-up and
+    ZMQ's connection set-up are not in it."""
+    import asyncio
+    import subprocess
+    import tempfile
+
+    import uvloop
+
+    from router.subscriber import KvEventSubscriber
+
+    class TimedIndex(KvIndex):
+        """Notes when the first and the last batch were applied."""
+
+        first_s = last_s = 0.0
+
+        def apply(self, worker_id, events):  # type: ignore[override]
+            applied = super().apply(worker_id, events)
+            self.last_s = time.perf_counter()
+            self.first_s = self.first_s or self.last_s
+            return applied
+
+    async def run() -> dict:
+        index = TimedIndex(default_max_blocks=num_events)
+        index.add_worker("w", model_name=MODEL)
+        index.reserve(num_events)
+        with tempfile.TemporaryDirectory() as tmp:
+            endpoint = f"ipc://{tmp}/kv-events"
+            subscriber = KvEventSubscriber("w", index, endpoint)
+            subscriber.start()
+            publisher = subprocess.Popen([sys.executable, "-c", _PUBLISHER, endpoint, str(num_events), str(per_batch),
+                                          str(BLOCK_SIZE)])
+            try:
+                counters, deadline = subscriber.counters, time.perf_counter() + 120
+                while counters.events_applied < num_events and time.perf_counter() < deadline:
+                    await asyncio.sleep(0.01)
+            finally:
+                publisher.kill()
+                publisher.wait()
+                await subscriber.stop()
+        # the first batch's own events are applied at first_s: they are not in the interval
+        timed_events = counters.events_applied - per_batch
+        elapsed_s = index.last_s - index.first_s
+        return {"events_per_batch": per_batch, "events": counters.events_applied, "gaps": counters.gaps,
+                "events_per_s": timed_events / elapsed_s if elapsed_s > 0 else 0.0}
+
+    return uvloop.run(run())
+
+
 def decision_latency(router: Router, clock: BenchClock, prompt: list[int], iterations: int) -> dict:
     """Latency of route(); the clock moves CLOCK_STEP_S before each decision (not timed), so
     predictions start to expire after prediction_ttl_s / CLOCK_STEP_S decisions."""
@@ -209,6 +281,7 @@ def main() -> None:
         "index_rss_growth_bytes_per_block": (rss_after_kib - rss_before_kib) * 1024 / indexed,
         "apply_multi_block_events": apply_rate,
         "apply_single_block_events_per_s": single_block_event_rate(rng),
+        "subscriber": [subscriber_event_rate(200_000, 32), subscriber_event_rate(50_000, 1)],
         "tokenization": tokenization_latency(max(20, args.iterations // 20)),
     }
     print(json.dumps(result, indent=2))
@@ -221,8 +294,8 @@ def markdown(result: dict, command: str) -> str:
     d, h, t = result["decision"], result["decision_key_cache_hit"], result["tokenization"]
     apply = result["apply_multi_block_events"]
     verdict = "pass" if d["p99_us"] <= DECISION_P99_TARGET_US else "FAIL"
-    events = result["apply_single_block_events_per_s"]
-    events_verdict = "pass" if events >= EVENTS_PER_S_TARGET else "FAIL"
+    batched, single = result["subscriber"]
+    events_verdict = "pass" if batched["events_per_s"] >= EVENTS_PER_S_TARGET and not batched["gaps"] else "FAIL"
     compiled = result["compiled"]
     in_c = {True: "in C", False: "in Python (the C extension was not built)"}
     return f"""## Router decision
@@ -247,11 +320,14 @@ blocks were seen before, as a conversation's history is on its next turn). Block
 | decision p50 / p99 / mean, prompt seen before (key cache: blocks reused) | {h["p50_us"]:.0f} / {h["p99_us"]:.0f} / {h["mean_us"]:.0f} µs | (reported) | |
 | index size (approx / RSS growth) | {result["index_approx_bytes_per_block"]:.0f} / {result["index_rss_growth_bytes_per_block"]:.0f} bytes per block | | |
 | apply, {apply["blocks_per_event"]}-block events | {apply["events_per_s"]:,.0f} events/s ({apply["blocks_per_s"]:,.0f} blocks/s) | | |
-| apply, one-block events (the subscriber's rate) | {events:,.0f} events/s | >= {EVENTS_PER_S_TARGET:,}/s | {events_verdict} |
+| apply, one-block events (the index alone) | {result["apply_single_block_events_per_s"]:,.0f} events/s | | |
+| subscriber: ZMQ SUB + msgpack decode + seq check + apply, one-block events, {batched["events_per_batch"]} per message (a busy engine step) | {batched["events_per_s"]:,.0f} events/s ({batched["events"]:,} events, {batched["gaps"]} gaps) | >= {EVENTS_PER_S_TARGET:,}/s | {events_verdict} |
+| subscriber, one event per message | {single["events_per_s"]:,.0f} events/s | (reported) | |
 | chat tokenization, {t["prompt_tokens"]:,} tokens, full encode p50 / p99 | {t["full_encode_p50_us"]:.0f} / {t["full_encode_p99_us"]:.0f} µs | | |
 | chat tokenization, next turn with the prefix cache p50 / p99 | {t["prefix_cached_p50_us"]:.0f} / {t["prefix_cached_p99_us"]:.0f} µs | | |
 
-Tokenization uses {t["note"]}.
+Tokenization uses {t["note"]}. The subscriber rows publish from another process over ZMQ ipc as
+fast as it can; the rate counts from the first batch applied to the last.
 """
 
 

@@ -1,4 +1,5 @@
-/* router._mask_lookup: MaskTable.prefix_holders (router/mask_table.py) in one C call.
+/* router._mask_lookup: MaskTable.prefix_holders (router/mask_table.py) in one C call, and the
+ * common cases of MaskTable.add_bits (the KV-event path) on a one-word table.
  *
  * The table is MaskTable's numpy array: a power-of-two number of rows [key, mask word 0 .. W-1]
  * (uint64). A key's candidate rows are its low and its high 32 bits & (rows - 1); the key is in
@@ -126,15 +127,76 @@ done:
     return result;
 }
 
+#define FILL 0x100000001ULL /* a free row s holds the filler (s ^ 1) * FILL, which cannot hash to s */
+
+PyDoc_STRVAR(add_bits_doc,
+"add_bits(table, key, bits, may_insert, /) -> int\n\n"
+"MaskTable.add_bits on a one-word table (rows [key, mask]): OR bits into key's mask. Returns the "
+"previous mask if the key was there; -2 if it was absent and went into a free candidate row "
+"(only with may_insert and bits != 0); -1 if the Python path must do it (absent without a free "
+"candidate row or without may_insert, or a key that is not a u64).");
+
+static PyObject *add_bits(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "add_bits() takes exactly 4 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    const unsigned long long key = PyLong_AsUnsignedLongLong(args[1]);
+    if (key == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError) && !PyErr_ExceptionMatches(PyExc_TypeError))
+            return NULL;
+        PyErr_Clear(); /* not a u64: the Python path raises the error it documents */
+        return PyLong_FromLong(-1);
+    }
+    const unsigned long long bits = PyLong_AsUnsignedLongLong(args[2]);
+    if (bits == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    const int may_insert = PyObject_IsTrue(args[3]);
+    if (may_insert < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    if (view.ndim != 2 || view.itemsize != 8 || view.shape[1] != 2 || view.shape[0] < 1 ||
+        (view.shape[0] & (view.shape[0] - 1)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "table must be a C-contiguous (2**k, 2) uint64 array");
+        goto done;
+    }
+    u64 *tab = (u64 *)view.buf;
+    const u64 slot_mask = (u64)view.shape[0] - 1;
+    const u64 s1 = key & 0xFFFFFFFFULL & slot_mask, s2 = (key >> 32) & slot_mask;
+    u64 *row = tab[2 * s1] == key ? tab + 2 * s1 : tab[2 * s2] == key ? tab + 2 * s2 : NULL;
+    if (row != NULL) {
+        const u64 prev = row[1];
+        row[1] = prev | bits;
+        result = PyLong_FromUnsignedLongLong(prev);
+    } else if (may_insert && bits) {
+        row = tab[2 * s1] == (s1 ^ 1) * FILL ? tab + 2 * s1 : tab[2 * s2] == (s2 ^ 1) * FILL ? tab + 2 * s2 : NULL;
+        if (row != NULL) {
+            row[0] = key;
+            row[1] = bits;
+        }
+        result = PyLong_FromLong(row != NULL ? -2 : -1);
+    } else {
+        result = PyLong_FromLong(-1);
+    }
+done:
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"prefix_holders", (PyCFunction)(void (*)(void))prefix_holders, METH_FASTCALL, prefix_holders_doc},
+    {"add_bits", (PyCFunction)(void (*)(void))add_bits, METH_FASTCALL, add_bits_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
     .m_name = "router._mask_lookup",
-    .m_doc = "MaskTable.prefix_holders (see router/mask_table.py), computed in C.",
+    .m_doc = "MaskTable.prefix_holders and add_bits (see router/mask_table.py), computed in C.",
     .m_size = 0,
     .m_methods = methods,
 };

@@ -17,7 +17,11 @@ class KvEventDecodeError(ValueError):
     """A payload that is not a KVEventBatch; the subscriber logs and counts it."""
 
 
-@dataclass(frozen=True, slots=True)
+# Events and batches are plain slotted dataclasses, treated as read-only: a frozen one costs 4x as
+# much to build (0.9 vs 0.2 µs), and the subscriber decodes hundreds of thousands a second.
+
+
+@dataclass(slots=True)
 class BlockStored:
     """Blocks stored on a worker; token_ids cover len(block_hashes) * block_size tokens."""
 
@@ -29,7 +33,7 @@ class BlockStored:
     medium: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BlockRemoved:
     """Blocks evicted from a worker's cache (engine hashes)."""
 
@@ -45,7 +49,7 @@ class AllBlocksCleared:
 KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class KvEventBatch:
     """One published message: events in order, with the engine's timestamp and DP rank."""
 
@@ -82,48 +86,50 @@ def decode_batch(payload: bytes) -> KvEventBatch:
         raise KvEventDecodeError(f"batch.events must be an array, got {_kind(events)}")
     if not isinstance(ts, (int, float)):
         raise KvEventDecodeError(f"batch.ts must be a number, got {_kind(ts)}")
-    decoded = tuple(_decode_event(event, i) for i, event in enumerate(events))
+    decoded = tuple([_decode_event(event, i) for i, event in enumerate(events)])
     return KvEventBatch(float(ts), decoded, rank if isinstance(rank, int) else None)
 
 
 def _decode_event(raw: Any, index: int) -> KvEvent:
-    if isinstance(raw, dict):
-        tag, fields = raw.get("type"), raw
-    elif isinstance(raw, list) and raw:
+    if type(raw) is list and raw:  # the array layout: [tag, fields in _STORED_FIELDS / _REMOVED_FIELDS order]
         tag = raw[0]
-        names = _STORED_FIELDS if tag == "BlockStored" else _REMOVED_FIELDS
-        fields = dict(zip(names, raw[1:]))
+        if tag == "BlockStored":
+            if len(raw) >= 7:
+                return _stored(raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], index)
+            return _stored(*raw[1:], *[None] * (7 - len(raw)), index)
+        fields = dict(zip(_REMOVED_FIELDS, raw[1:]))
+    elif isinstance(raw, dict):
+        tag, fields = raw.get("type"), raw
+        if tag == "BlockStored":
+            return _stored(*map(raw.get, _STORED_FIELDS), index)
     else:
         raise KvEventDecodeError(f"events[{index}] must be a map or a tagged array, got {_kind(raw)}")
-    if tag == "BlockStored":
-        return _stored(fields, index)
     if tag == "BlockRemoved":
-        return BlockRemoved(_hashes(fields, index), _medium(fields))
+        return BlockRemoved(_hashes(fields.get("block_hashes"), index), _medium(fields.get("medium")))
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
     raise KvEventDecodeError(f"events[{index}]: unknown event type {tag!r}")
 
 
-def _stored(fields: dict, index: int) -> BlockStored:
-    hashes = _hashes(fields, index)
-    token_ids = fields.get("token_ids")
-    block_size = fields.get("block_size")
-    if not isinstance(token_ids, list):
+def _stored(hashes: Any, parent: Any, token_ids: Any, block_size: Any, lora_id: Any, medium: Any,
+            index: int) -> BlockStored:
+    if type(hashes) is not list or (hashes and type(hashes[0]) is list):
+        hashes = _hashes(hashes, index)
+    if type(token_ids) is not list:
         raise KvEventDecodeError(f"events[{index}].token_ids must be an array")
-    if not isinstance(block_size, int) or block_size < 1:
+    if type(block_size) is not int or block_size < 1:
         raise KvEventDecodeError(f"events[{index}].block_size must be a positive int")
     if len(token_ids) < len(hashes) * block_size:
         raise KvEventDecodeError(
             f"events[{index}]: {len(token_ids)} token_ids for {len(hashes)} blocks of {block_size}"
         )
-    parent = fields.get("parent_block_hash")
-    lora_id = fields.get("lora_id")
-    return BlockStored(hashes, _hashable(parent, index), token_ids, block_size, lora_id, _medium(fields))
+    if type(parent) is not int and parent is not None:
+        parent = _hashable(parent, index)
+    return BlockStored(hashes, parent, token_ids, block_size, lora_id, medium if type(medium) is str else None)
 
 
-def _hashes(fields: dict, index: int) -> list:
-    hashes = fields.get("block_hashes")
-    if not isinstance(hashes, list):
+def _hashes(hashes: Any, index: int) -> list:
+    if type(hashes) is not list:
         raise KvEventDecodeError(f"events[{index}].block_hashes must be an array")
     return [_hashable(h, index) for h in hashes] if hashes and isinstance(hashes[0], list) else hashes
 
@@ -136,9 +142,8 @@ def _hashable(value: Any, index: int) -> Hashable:
     return value
 
 
-def _medium(fields: dict) -> str | None:
-    medium = fields.get("medium")
-    return medium if isinstance(medium, str) else None
+def _medium(medium: Any) -> str | None:
+    return medium if type(medium) is str else None
 
 
 def _kind(value: Any) -> str:

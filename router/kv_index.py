@@ -172,42 +172,42 @@ class KvIndex:
         return media is not None and medium is not None and medium not in media
 
     def _apply_stored(self, worker: _Worker, event: BlockStored) -> None:
+        # the KV-event hot path (hundreds of thousands of events a second): kept flat on purpose
+        counters = self.counters
         if event.lora_id is not None:
-            self.counters.events_skipped_lora += 1
+            counters.events_skipped_lora += 1
             return
-        if self._skips(event.medium):
-            self.counters.events_skipped_medium += 1
+        if event.medium is not None and self._skips(event.medium):
+            counters.events_skipped_medium += 1
             return
+        blocks = worker.blocks
         parent = event.parent_block_hash
         if parent is None:
             parent_key = worker.seed
         else:
-            parent_key = worker.blocks.get(parent)
+            parent_key = blocks.get(parent)
             if parent_key is None:
-                self.counters.stored_unknown_parent += 1
+                counters.stored_unknown_parent += 1
                 return
-        worker.block_size = event.block_size
-        hashes = event.block_hashes
-        keys = chain_block_keys(event.token_ids[: len(hashes) * event.block_size], event.block_size, parent_key)
+        hashes, tokens, block_size = event.block_hashes, event.token_ids, event.block_size
+        worker.block_size = block_size
+        covered = len(hashes) * block_size
+        keys = chain_block_keys(tokens if len(tokens) == covered else tokens[:covered], block_size, parent_key)
+        bit, add_bits = worker.bit, self._confirmed.add_bits
         for engine_hash, key in zip(hashes, keys):
-            self._insert(worker, engine_hash, key)
-        self.counters.blocks_stored += len(keys)
-
-    def _insert(self, worker: _Worker, engine_hash: Hashable, key: int) -> None:
-        blocks = worker.blocks
-        old_key = blocks.pop(engine_hash, None)
-        if old_key is not None:
-            if old_key == key:
-                blocks[engine_hash] = key  # stored again: now the youngest entry
-                return
-            self._unref(worker, old_key)
-        blocks[engine_hash] = key
-        bit = worker.bit
-        if self._confirmed.add_bits(key, bit) & bit:
-            worker.extra_refs[key] = worker.extra_refs.get(key, 0) + 1
-        if len(blocks) > worker.max_blocks:
-            self._unref(worker, blocks.pop(next(iter(blocks))))
-            self.counters.blocks_evicted += 1
+            old_key = blocks.pop(engine_hash, None)
+            if old_key is not None:
+                if old_key == key:
+                    blocks[engine_hash] = key  # stored again: now the youngest entry
+                    continue
+                self._unref(worker, old_key)
+            blocks[engine_hash] = key
+            if add_bits(key, bit) & bit:
+                worker.extra_refs[key] = worker.extra_refs.get(key, 0) + 1
+            if len(blocks) > worker.max_blocks:
+                self._unref(worker, blocks.pop(next(iter(blocks))))
+                counters.blocks_evicted += 1
+        counters.blocks_stored += len(keys)
 
     def _apply_removed(self, worker: _Worker, event: BlockRemoved) -> None:
         if self._skips(event.medium):

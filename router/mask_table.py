@@ -30,9 +30,9 @@ from operator import rshift
 import numpy as np
 
 try:
-    from router._mask_lookup import prefix_holders as _prefix_holders_c
+    from router._mask_lookup import add_bits as _add_bits_c, prefix_holders as _prefix_holders_c
 except ImportError:  # built without a C compiler (setup.py marks the extension optional)
-    _prefix_holders_c = None
+    _add_bits_c = _prefix_holders_c = None
 
 COMPILED_WALK: bool = _prefix_holders_c is not None
 """Whether prefix_holders walks a list of keys in C (else numpy)."""
@@ -151,6 +151,13 @@ class MaskTable:
         """OR bits into key's mask (inserting the key if bits != 0); returns the previous mask."""
         if bits >> (self._words << 6):
             self._widen(bits)  # (ValueError if bits < 0)
+        if _add_bits_c is not None and self._rows == 2:  # one word: the usual cases in C
+            prev = _add_bits_c(self._tab, key, bits, not self._stash and self._count < self._max_fill)
+            if prev >= 0:
+                return prev
+            if prev == -2:  # went into a free candidate row
+                self._count += 1
+                return 0
         m, mv, r = self._m, self._mv, self._rows
         s = key & m
         o = s * r

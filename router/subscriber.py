@@ -15,6 +15,7 @@ from router.kv_index import KvIndex
 log = logging.getLogger(__name__)
 
 _END_SEQ = -1
+_DRAIN_BATCHES = 256  # messages read in one turn of the event loop, at most
 
 
 @dataclass(slots=True)
@@ -86,13 +87,26 @@ class KvEventSubscriber:
             self._socket = None
 
     async def _run(self, socket: zmq.asyncio.Socket) -> None:
+        # The same socket without asyncio futures: messages that are already queued are read with
+        # plain non-blocking receives (an awaited receive costs ~30 µs a message, this ~3), in runs
+        # of at most _DRAIN_BATCHES before the loop gets a turn, so a burst cannot starve requests.
+        queued = zmq.Socket.shadow(socket.underlying)
         while True:
-            frames = await socket.recv_multipart()
-            try:
-                await self.handle(frames)
-            except Exception:  # one bad message must not stop the stream
-                self.counters.decode_errors += 1
-                log.exception("worker %s: failed to apply KV events", self.worker_id)
+            await self._handle_safely(await socket.recv_multipart())
+            for _ in range(_DRAIN_BATCHES):
+                try:
+                    frames = queued.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                await self._handle_safely(frames)
+            await asyncio.sleep(0)
+
+    async def _handle_safely(self, frames: list[bytes]) -> None:
+        try:
+            await self.handle(frames)
+        except Exception:  # one bad message must not stop the stream
+            self.counters.decode_errors += 1
+            log.exception("worker %s: failed to apply KV events", self.worker_id)
 
     async def handle(self, frames: list[bytes]) -> None:
         """One published message (topic, seq, payload)."""

@@ -83,3 +83,33 @@ def test_seq_round_trips_as_8_byte_big_endian_signed() -> None:
     assert decode_seq(encode_seq(2**40 + 3)) == 2**40 + 3
     with pytest.raises(KvEventDecodeError, match="seq frame must be 8 bytes, got 4"):
         decode_seq(b"\x00" * 4)
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        (["BlockStored", [11, 12], None, list(range(8)), 4], BlockStored([11, 12], None, list(range(8)), 4, None, None)),
+        (["BlockStored", [11], 7, list(range(4)), 4, None, "GPU", "a-newer-field"],
+         BlockStored([11], 7, list(range(4)), 4, None, "GPU")),
+        (["BlockStored", [[1, 2], [3, 4]], [0, 9], list(range(8)), 4, 5, 3],
+         BlockStored([(1, 2), (3, 4)], (0, 9), list(range(8)), 4, 5, None)),
+    ],
+    ids=["older-layout-without-lora-and-medium", "newer-layout-with-more-fields", "array-hashes-and-a-non-string-medium"],
+)
+def test_array_events_of_other_lengths_and_shapes(event: list, expected: BlockStored) -> None:
+    assert decode_batch(msgpack.packb([1, [event]])).events == (expected,)
+
+
+@pytest.mark.parametrize(
+    ("event", "message"),
+    [
+        (["BlockStored"], "events[0].block_hashes must be an array"),
+        (["BlockStored", [1], None, [1, 2, 3, 4], True], "events[0].block_size must be a positive int"),
+        (["BlockStored", [1], {"a": 1}, [1, 2, 3, 4], 4], "events[0]: a block hash must not be a map"),
+    ],
+    ids=["tag-only", "bool-block-size", "map-parent"],
+)
+def test_malformed_array_events_raise_a_clear_error(event: list, message: str) -> None:
+    with pytest.raises(KvEventDecodeError) as excinfo:
+        decode_batch(msgpack.packb([1, [event]]))
+    assert str(excinfo.value).startswith(message)
