@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 
@@ -91,6 +91,11 @@ class LoadView:
 
     def get(self, worker_id: str) -> WorkerLoad:
         return self._loads.get(worker_id) or self.add_worker(worker_id)
+
+    @property
+    def loads(self) -> Mapping[str, WorkerLoad]:
+        """Every added worker's live record (read-only: change them through this class)."""
+        return self._loads
 
     def on_dispatch(self, worker_id: str, request_id: str, prefill_tokens: int) -> None:
         """A request was sent: prefill_tokens (uncached prompt tokens) join the worker's queue."""

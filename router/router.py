@@ -198,8 +198,9 @@ class Router:
         return {size: self.key_cache.keys(packed, size, seed) for size in sizes}
 
     def _views(self, specs: list[WorkerSpec], matches: dict[int, dict[str, tuple[int, int]]]) -> list[WorkerView]:
-        get_load, new = self.load.get, tuple.__new__  # WorkerView(...) runs a Python __new__: twice the cost
-        return [new(WorkerView, (s.worker_id, get_load(s.worker_id), s.block_size,
+        # every candidate was added to the load view with its spec; WorkerView(...) runs a Python __new__
+        loads, new = self.load.loads, tuple.__new__
+        return [new(WorkerView, (s.worker_id, loads[s.worker_id], s.block_size,
                                  *matches[s.block_size].get(s.worker_id, _NOTHING_HELD)))
                 for s in specs]
 

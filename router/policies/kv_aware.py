@@ -88,7 +88,7 @@ class KvAware:
         scores, ttfts, cached, loads = self._scores(req, workers)
         hot, kept = self._hot(req, loads, cached)
         order = self._break_tie(_rank(scores, hot), loads, scores, hot)
-        ranked_ids = tuple(workers[i].worker_id for i in order)
+        ranked_ids = tuple([workers[i].worker_id for i in order])
         explanation = tuple(
             Candidate(
                 workers[i].worker_id,
@@ -111,7 +111,7 @@ class KvAware:
         threshold, kv_scale = p.kv_pressure_threshold, p.kv_pressure_penalty_s / (1 - p.kv_pressure_threshold)
         recompute_weight, predicted_weight = p.recompute_weight, p.predicted_weight
         queue_penalty_s, decode_penalty_s = p.queue_penalty_s, p.decode_penalty_s
-        shared_rate = statistics.median(w.load.prefill_tokens_per_s for w in workers) if p.pool_prefill_rate else None
+        shared_rate = statistics.median([w.load.prefill_tokens_per_s for w in workers]) if p.pool_prefill_rate else None
         scores: list[float] = []
         ttfts: list[float] = []
         cached_blocks: list[int] = []
