@@ -105,7 +105,8 @@ class KvAware:
         self, req: RouteRequest, workers: Sequence[WorkerView]
     ) -> tuple[list[float], list[float], list[int], list[int]]:
         """Per worker: the score, the predicted TTFT alone (first term, for the explanation), cached
-        blocks and requests (WorkerLoad.num_requests), in one pass over the candidates."""
+        blocks and requests (WorkerLoad.num_requests): one pass over the candidates for the first
+        three (the hot loop of a decision: WorkerView unpacked, appends bound), one for requests."""
         p = self.params
         prompt_tokens = req.num_prompt_tokens or 0
         threshold, kv_scale = p.kv_pressure_threshold, p.kv_pressure_penalty_s / (1 - p.kv_pressure_threshold)
@@ -115,15 +116,14 @@ class KvAware:
         scores: list[float] = []
         ttfts: list[float] = []
         cached_blocks: list[int] = []
-        requests: list[int] = []
-        for worker in workers:
-            load = worker.load
-            blocks = worker.confirmed_blocks
-            if worker.predicted_blocks:
-                predicted = int(predicted_weight * worker.predicted_blocks)
+        requests = [worker.load.num_requests for worker in workers]
+        add_score, add_ttft, add_cached = scores.append, ttfts.append, cached_blocks.append
+        for _, load, block_size, blocks, predicted in workers:  # WorkerView's fields, unpacked
+            if predicted:
+                predicted = int(predicted_weight * predicted)
                 if predicted > blocks:
                     blocks = predicted
-            cached_tokens = blocks * worker.block_size
+            cached_tokens = blocks * block_size
             uncached = prompt_tokens - cached_tokens if cached_tokens < prompt_tokens else 0
             rate = shared_rate or load.prefill_tokens_per_s
             ttft = (load.prefill_tokens_queued + uncached) / rate
@@ -135,10 +135,9 @@ class KvAware:
                 score += queue_penalty_s * load.scraped_waiting_requests
             if load.decode_seqs_running:
                 score += decode_penalty_s * load.decode_seqs_running
-            scores.append(score)
-            ttfts.append(ttft)
-            cached_blocks.append(blocks)
-            requests.append(load.num_requests)
+            add_score(score)
+            add_ttft(ttft)
+            add_cached(blocks)
         return scores, ttfts, cached_blocks, requests
 
     def _hot(self, req: RouteRequest, loads: list[int], cached: list[int]) -> tuple[list[bool], list[bool]]:
