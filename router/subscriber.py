@@ -15,7 +15,7 @@ from router.kv_index import KvIndex
 log = logging.getLogger(__name__)
 
 _END_SEQ = -1
-_DRAIN_BATCHES = 256  # messages read in one turn of the event loop, at most
+_DRAIN_BATCHES = 32  # messages read in one turn of the event loop, at most (a few ms of work)
 
 
 @dataclass(slots=True)
