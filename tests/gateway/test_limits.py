@@ -76,3 +76,17 @@ def test_clients_cannot_choose_the_upstream(fleet):
     response = post(fleet["gateway"].url, body, {"host": "evil.example", "x-forwarded-host": "evil.example"})
     assert response.status_code == 200
     assert response.headers["x-kvgate-worker"] in ("w0", "w1")
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_other_methods_on_the_completion_paths_get_405(fleet, path):
+    """The completion paths skip Starlette's router for POST only: other methods still reach it."""
+    response = httpx.get(f"{fleet['gateway'].url}{path}", headers=AUTH, timeout=30)
+    assert response.status_code == 405
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_an_unknown_path_gets_an_openai_style_404(fleet):
+    response = httpx.post(f"{fleet['gateway'].url}/v1/nothing-here", headers=AUTH, json={}, timeout=30)
+    assert response.status_code == 404
+    assert response.json()["error"]["type"] == "not_found_error"
