@@ -226,7 +226,7 @@ async def closed_loop(port: int, concurrency: int, duration_s: float, warmup_s: 
     async def client() -> None:
         nonlocal cpu_from
         conn = await Connection.open(port)
-        while (now := time.perf_counter()) < stop_at:
+        while time.perf_counter() < stop_at:
             status, body = await conn.request(raw)
             counts["all"] += 1
             if time.perf_counter() >= measure_from:

@@ -125,7 +125,7 @@ def _stored(hashes: Any, parent: Any, token_ids: Any, block_size: Any, lora_id: 
         )
     if type(parent) is not int and parent is not None:
         parent = _hashable(parent, index)
-    return BlockStored(hashes, parent, token_ids, block_size, lora_id, medium if type(medium) is str else None)
+    return BlockStored(hashes, parent, token_ids, block_size, lora_id, _medium(medium))
 
 
 def _hashes(hashes: Any, index: int) -> list:

@@ -390,8 +390,8 @@ def test_prefix_holders_are_the_nonzero_prefix_lengths(held_for: dict[int, int],
     for key, mask in zip(keys, masks):
         apply(table, ref, "add", key, mask)
     expected = {b: n for b, n in enumerate(ref_prefix_lengths(keys, ref, 64 * table.words)) if n}
-    for given in (keys, tuple(keys), as_keys(keys)):  # list/tuple: the C walk when built; array: numpy
-        bits, lengths = table.prefix_holders(given)
+    for asked in (keys, tuple(keys), as_keys(keys)):  # list/tuple: the C walk when built; array: numpy
+        bits, lengths = table.prefix_holders(asked)
         assert len(bits) == len(lengths) == len(set(bits))
         assert dict(zip(bits, lengths)) == expected
     column = np.array([[mask >> (64 * w) & U64 for w in range(table.words)] for mask in masks], dtype=np.uint64)
