@@ -403,13 +403,22 @@ static PyObject *pack_u32(PyObject *module, PyObject *seq) {
         } else if (PyLong_Check(item)) {
             v = PyLong_AsUnsignedLong(item); /* OverflowError if negative */
         } else { /* an int-like object (numpy integer): its __index__, as array('I') takes it */
+            Py_INCREF(item);
             PyObject *index = PyNumber_Index(item);
+            Py_DECREF(item);
             if (index == NULL) {
                 Py_DECREF(out);
                 return NULL;
             }
             v = PyLong_AsUnsignedLong(index);
             Py_DECREF(index);
+            /* __index__ ran Python code, which may have resized the list under us */
+            if (PySequence_Fast_GET_SIZE(seq) != n) {
+                PyErr_SetString(PyExc_RuntimeError, "the token list changed while it was being packed");
+                Py_DECREF(out);
+                return NULL;
+            }
+            items = PySequence_Fast_ITEMS(seq);
         }
         if (v == (unsigned long)-1 && PyErr_Occurred()) {
             Py_DECREF(out);

@@ -4,7 +4,9 @@ Owns the storage behind the router's KV index (its confirmed layer): for every 6
 held by some worker, a bitmask of worker slots. Single-key updates (get/add_bits/remove_bits, the
 KV-event path) use Python ints; a whole prompt's keys are looked up in a few vectorized numpy
 operations (lookup, prefix_lengths / prefix_holders, the routing-decision path), and
-remove_bits_many clears bits from many keys at once (a worker's whole cache).
+remove_bits_many clears bits from many keys at once (a worker's whole cache). Where the C
+extension router._mask_lookup is built, prefix_holders of a key list and add_bits on a one-word
+table run there (same results; the numpy and Python paths stay for the rest and are tested).
 
 Layout: a power-of-two number of slots, one row per slot, [key, mask word 0, ..., word W-1]
 (W = ceil(highest bit used / 64), widened on demand; 8 * (1 + W) bytes a slot). Each key has

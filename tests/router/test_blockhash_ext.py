@@ -212,3 +212,17 @@ def test_pack_u32_takes_int_likes_as_array_does(ext: ModuleType) -> None:
     assert ext.pack_u32([True, np.int64(7), np.uint32(2**32 - 1)]) == struct.pack("<3I", 1, 7, 2**32 - 1)
     with pytest.raises(TypeError):
         ext.pack_u32(iter([1, 2]))  # a list or a tuple only (pack_tokens_u32le sends the rest to array)
+
+
+def test_pack_u32_survives_an_index_that_changes_the_list(ext: ModuleType) -> None:
+    """__index__ runs Python code: a token list resized meanwhile is an error, not a crash."""
+    tokens: list = []
+
+    class Shrinking:
+        def __index__(self) -> int:
+            tokens.clear()
+            return 1
+
+    tokens.extend([Shrinking(), 2, 3])
+    with pytest.raises(RuntimeError, match="changed"):
+        ext.pack_u32(tokens)
