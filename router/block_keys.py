@@ -49,17 +49,11 @@ def chain_block_keys(
     key_i = xxh3_64(u64le(key_{i-1}) || u32le(tokens[i*B:(i+1)*B])); a trailing partial block has
     no key. token_ids may already be packed (bytes from pack_tokens_u32le).
     """
-    if _chain_keys_c is not None:  # (ValueError for block_size < 1 from C too)
-        kind = type(token_ids)
-        if kind is bytes:
-            return _chain_keys_c(token_ids, block_size, parent_key)
-        if kind is list or kind is tuple:  # the KV-event path: no Python frames between the two C calls
-            return _chain_keys_c(_pack_u32_c(token_ids), block_size, parent_key)
-    if block_size < 1:
-        raise ValueError("block_size must be >= 1")
     packed = token_ids if isinstance(token_ids, bytes) else pack_tokens_u32le(token_ids)
     if _chain_keys_c is not None:
-        return _chain_keys_c(packed, block_size, parent_key)
+        return _chain_keys_c(packed, block_size, parent_key)  # (ValueError for block_size < 1 too)
+    if block_size < 1:
+        raise ValueError("block_size must be >= 1")
     return _chain_packed_python(packed, block_size, parent_key)
 
 

@@ -23,7 +23,7 @@ from operator import ge, ne, or_
 
 from router.block_keys import chain_block_keys, model_seed
 from router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
-from router.mask_table import MaskTable, as_keys
+from router.mask_table import COMPILED_WALK, MaskTable, as_keys
 
 _INT_BYTES = sys.getsizeof(2**63)  # a 64-bit int object
 
@@ -281,7 +281,7 @@ class KvIndex:
         """
         self._expire(self._clock())
         names = self._worker_of_slot
-        if len(keys) <= _SMALL_PROMPT_KEYS:  # a short prompt: per-key gets beat numpy's fixed cost
+        if len(keys) <= _SMALL_PROMPT_KEYS and not COMPILED_WALK:  # per-key gets beat numpy's fixed cost
             held = _running_and(self._confirmed.get, keys)
             result = {names[slot]: (length, 0) for slot, length in _lengths_of(held).items()}
         else:
@@ -321,7 +321,7 @@ class KvIndex:
 
 _NONE = (0, 0)
 RESERVE_LIMIT_BLOCKS = 1 << 20  # reserve() allocates for at most this many keys (~64 MiB)
-_SMALL_PROMPT_KEYS = 48  # measured crossover: per-key table gets vs one vectorized lookup (~25 µs)
+_SMALL_PROMPT_KEYS = 48  # without the C walk: the crossover of per-key gets vs one numpy lookup (~25 µs)
 
 
 def _predicted_prefix_lengths(keys: Sequence[int], masks: dict[int, int]) -> dict[int, int]:

@@ -288,6 +288,7 @@ def test_short_and_long_prompts_match_alike(num_keys: int, monkeypatch) -> None:
     answers = []
     for small_limit in (0, 10**9):
         monkeypatch.setattr(kv_index, "_SMALL_PROMPT_KEYS", small_limit)
+        monkeypatch.setattr(kv_index, "COMPILED_WALK", False)  # so the per-key path runs when built, too
         index = KvIndex()
         for w, held in enumerate((num_keys, num_keys // 2, 1)):
             index.add_worker(f"w{w}", model_name=MODEL)
