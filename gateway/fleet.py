@@ -1,9 +1,11 @@
 """The workers behind the gateway: who is in rotation, and the background work that keeps it true.
 
 A worker is in rotation when its health checks pass, its breaker is not open (or a half-open
-trial is due) and it is not ejected as a slow outlier. Leaving rotation drops its confirmed
-KV-index entries at once; it rejoins when it recovers. The fleet also runs each worker's
-KV-event subscriber and scrapes its /metrics for the router's load view.
+trial is due) and it is not ejected as a slow outlier. A failed worker (health checks failing or
+breaker open) has its KV-index entries dropped at once: its cache is unknown from then on. An
+ejected one keeps them: it is alive, its KV events keep them true, and when it rejoins the
+prefixes it holds draw their requests back instead of being computed again elsewhere. The fleet
+also runs each worker's KV-event subscriber and scrapes its /metrics for the router's load view.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from urllib.parse import urlparse
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.breakers import STATE_VALUES, WorkerBreaker
+from gateway.breakers import OPEN, STATE_VALUES, WorkerBreaker
 from gateway.metrics import GatewayMetrics
 from gateway.outliers import OutlierDetector
 from kvgate.config import KvgateConfig, WorkerConfig
@@ -43,6 +45,7 @@ class Worker:
     consecutive_failures: int = 0
     consecutive_successes: int = 0
     in_rotation: bool = True
+    failed: bool = False  # health checks failing or breaker open
     subscriber: KvEventSubscriber | None = field(default=None, repr=False)
 
 
@@ -99,6 +102,10 @@ class Fleet:
                                                   for w in self.workers.values()))
 
     def _refresh_rotation(self, worker: Worker) -> None:
+        failed = not worker.healthy or worker.breaker.state == OPEN
+        if failed and not worker.failed:
+            self.router.index.clear_worker(worker.worker_id)  # its cache is unknown from here on
+        worker.failed = failed
         in_rotation = self.available(worker.worker_id)
         if in_rotation == worker.in_rotation:
             return
@@ -106,7 +113,6 @@ class Fleet:
         self.router.set_healthy(worker.worker_id, in_rotation)
         self.metrics.worker_healthy.labels(worker=worker.worker_id).set(1 if in_rotation else 0)
         if not in_rotation:
-            self.router.index.clear_worker(worker.worker_id)  # its cache is unknown from here on
             log.warning("worker %s left rotation (healthy=%s breaker=%s ejected=%s)", worker.worker_id,
                         worker.healthy, worker.breaker.state, self.outliers.is_ejected(worker.worker_id))
         else:
@@ -119,14 +125,16 @@ class Fleet:
         if worker is not None:
             self._refresh_rotation(worker)
 
-    def record_attempt(self, worker_id: str, ok: bool, first_byte_s: float | None = None) -> None:
-        """Outcome of one upstream attempt: feeds the breaker and slow-worker ejection."""
+    def record_attempt(self, worker_id: str, ok: bool, first_byte_s: float | None = None,
+                       expected_first_byte_s: float | None = None) -> None:
+        """Outcome of one upstream attempt: feeds the breaker and slow-worker ejection (with the
+        time to first token beyond what the router expected, when both are known)."""
         worker = self.workers[worker_id]
         self.metrics.child(self.metrics.attempts, worker_id, "ok" if ok else "error").inc()
         if ok:
             worker.breaker.record_success()
-            if first_byte_s is not None and self.config.outliers.enabled and \
-                    self.outliers.observe(worker_id, first_byte_s):
+            if first_byte_s is not None and expected_first_byte_s is not None and self.config.outliers.enabled \
+                    and self.outliers.observe(worker_id, first_byte_s, expected_first_byte_s):
                 self.metrics.ejections.labels(worker=worker_id).inc()
         else:
             worker.breaker.record_failure()

@@ -1,8 +1,13 @@
-"""Slow-worker ejection: a worker whose latency is an outlier against its peers is taken out
-of rotation for a while (the idea of Envoy's outlier detection, applied to time to first byte).
+"""Slow-worker ejection: a worker that is slow for the work it gets, against its peers, is taken
+out of rotation for a while (the idea of Envoy's outlier detection, applied to time to first token).
 
-Latency is an EWMA of time-to-first-byte per request. A worker with at least min_samples whose
-EWMA exceeds ratio x the median of the others (and min_latency_s) is ejected for ejection_s,
+Raw time to first token would eject the worker a KV-aware router rightly gave the long cold
+prompts (and with it the prefixes it holds). So each request's time to first token is divided by
+what the router expected for the work it waited for (its uncached prompt plus the prefill queued
+ahead of it, at the pool's median prefill rate; Router.on_first_token), floored at min_expected_s
+(a request with next to nothing to compute still waits a few engine steps): its slowness, about 1
+on a healthy worker whatever its mix of work. Per worker an EWMA of slowness; a worker with at
+least min_samples whose EWMA exceeds ratio x the median of its peers' is ejected for ejection_s,
 then readmitted with a fresh EWMA. At most max_ejected_fraction of a pool is ejected at once.
 """
 
@@ -18,7 +23,7 @@ from kvgate.config import OutlierConfig
 
 @dataclass(slots=True)
 class _Stats:
-    ewma_s: float = 0.0
+    slowness: float = 0.0
     samples: int = 0
     ejected_until: float | None = None
 
@@ -44,20 +49,19 @@ class OutlierDetector:
             return False
         return True
 
-    def observe(self, worker_id: str, first_byte_s: float) -> bool:
-        """Record one latency; returns True if this observation ejected the worker."""
+    def observe(self, worker_id: str, first_token_s: float, expected_s: float) -> bool:
+        """Record one request's time to first token and the router's expectation for it; returns
+        True if this observation ejected the worker."""
+        slowness = first_token_s / max(expected_s, self.config.min_expected_s)
         stats = self._stats.setdefault(worker_id, _Stats())
         alpha = self.config.ewma_alpha
-        stats.ewma_s = first_byte_s if stats.samples == 0 else (1 - alpha) * stats.ewma_s + alpha * first_byte_s
+        stats.slowness = slowness if stats.samples == 0 else (1 - alpha) * stats.slowness + alpha * slowness
         stats.samples += 1
         if stats.ejected_until is not None or stats.samples < self.config.min_samples:
             return False
-        peers = [s.ewma_s for w, s in self._stats.items()
+        peers = [s.slowness for w, s in self._stats.items()
                  if w != worker_id and s.samples >= self.config.min_samples and s.ejected_until is None]
-        if not peers:
-            return False
-        threshold = max(self.config.ratio * statistics.median(peers), self.config.min_latency_s)
-        if stats.ewma_s <= threshold or not self._may_eject():
+        if not peers or stats.slowness <= self.config.ratio * statistics.median(peers) or not self._may_eject():
             return False
         stats.ejected_until = self._clock() + self.config.ejection_s
         return True

@@ -132,7 +132,7 @@ class Session:
             if attempt is not None:
                 await attempt.close()
             raise
-        core.router.on_first_token(key)
+        attempt.expected_first_byte_s = core.router.on_first_token(key)
         self.attempt, self.attempt_key = attempt, key
         return held
 
@@ -277,7 +277,8 @@ class Session:
         if key is not None:
             self.core.router.on_finish(key, (self.usage or {}).get("completion_tokens", 0))
         if ok is not None:
-            self.core.fleet.record_attempt(attempt.worker_id, ok=ok, first_byte_s=attempt.first_byte_s)
+            self.core.fleet.record_attempt(attempt.worker_id, ok=ok, first_byte_s=attempt.first_byte_s,
+                                           expected_first_byte_s=attempt.expected_first_byte_s)
 
     # -- results -----------------------------------------------------------------------------
 

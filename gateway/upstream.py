@@ -32,6 +32,7 @@ class Attempt:
     started_s: float
     parser: SseParser = field(default_factory=SseParser)
     first_byte_s: float | None = None
+    expected_first_byte_s: float | None = None  # the router's expectation (Router.on_first_token)
     eof: bool = False
 
     async def close(self, drain: bool = False) -> None:

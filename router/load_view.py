@@ -108,25 +108,27 @@ class LoadView:
         load.prefill_tokens_queued += prefill_tokens
         self._requests[request_id] = _InFlight(worker_id, prefill_tokens, self._clock(), ahead)
 
-    def on_first_token(self, request_id: str) -> None:
+    def on_first_token(self, request_id: str) -> int | None:
         """Prefill done: tokens leave the queue, a decode starts; the prefill rate is sampled.
 
         sample = (tokens queued ahead at dispatch + own prefill tokens) / time to first token: the
         request waited for the work ahead of it, so its own tokens alone would under-read the rate.
+        Returns that work in tokens (None for an unknown request or a repeated call).
         """
         flight = self._requests.get(request_id)
         if flight is None or flight.first_token_at is not None:
-            return
+            return None
         now = flight.first_token_at = self._clock()
         load = self._loads.get(flight.worker_id)
         if load is None:
-            return
+            return None
         load.prefill_tokens_queued -= flight.prefill_tokens
         load.decode_seqs_running += 1
         elapsed_s = now - flight.dispatched_at
         work = flight.tokens_ahead + flight.prefill_tokens
         if flight.prefill_tokens > 0 and work >= self.priors.min_rate_sample_tokens and elapsed_s > 0:
             load.prefill_tokens_per_s = self._ewma(load.prefill_tokens_per_s, work / elapsed_s)
+        return work
 
     def on_finish(self, request_id: str, output_tokens: int = 0) -> None:
         """The request ended (any outcome): release its load; sample the per-sequence decode rate."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -80,6 +81,7 @@ class Router:
         self._rng = rng or random.Random()
         self._pools: dict[str, list[WorkerSpec]] = {}
         self._specs: dict[str, WorkerSpec] = {}
+        self._pool_of: dict[str, str] = {}
         self._unhealthy: set[str] = set()
         # (pool, fallback, model) -> (pool chosen, its healthy specs); cleared on any fleet change
         self._candidate_cache: dict[tuple[str, str | None, str], tuple[str, list[WorkerSpec]]] = {}
@@ -98,6 +100,7 @@ class Router:
             raise ValueError(f"worker {spec.worker_id!r} is already in a pool")
         self._pools.setdefault(pool, []).append(spec)
         self._specs[spec.worker_id] = spec
+        self._pool_of[spec.worker_id] = pool
         self._candidate_cache.clear()
         self.index.add_worker(spec.worker_id, model_name=spec.model, max_blocks=spec.num_blocks)
         self.load.add_worker(spec.worker_id)
@@ -105,6 +108,7 @@ class Router:
     def remove_worker(self, worker_id: str) -> None:
         """Forget a worker everywhere at once (index entries, load, health)."""
         self._specs.pop(worker_id)
+        self._pool_of.pop(worker_id)
         for specs in self._pools.values():
             specs[:] = [s for s in specs if s.worker_id != worker_id]
         self.index.remove_worker(worker_id)
@@ -238,8 +242,20 @@ class Router:
         expected_cached = (cached or {}).get(worker_id, 0)
         self.load.on_dispatch(worker_id, request_id, max(0, prefill_tokens - expected_cached))
 
-    def on_first_token(self, request_id: str) -> None:
-        self.load.on_first_token(request_id)
+    def on_first_token(self, request_id: str) -> float | None:
+        """Prefill done. Returns the seconds it was expected to take: the prefill work it waited for
+        (queued ahead at dispatch plus its own uncached tokens) at the median measured prefill rate
+        of its worker's pool. A worker busy with long prompts meets that; a sick one falls behind
+        it, so the gateway's slow-worker ejection compares workers on latency beyond it. None for
+        an unknown request."""
+        worker_id = self.load.worker_of(request_id)
+        pool = self._pool_of.get(worker_id) if worker_id is not None else None
+        loads = self.load.loads
+        rates = [loads[spec.worker_id].prefill_tokens_per_s for spec in self._pools.get(pool, ()) if spec.worker_id in loads]
+        work_tokens = self.load.on_first_token(request_id)  # samples this worker's rate: after the expectation
+        if work_tokens is None or not rates:
+            return None
+        return work_tokens / statistics.median(rates)
 
     def on_finish(self, request_id: str, output_tokens: int = 0) -> None:
         self.load.on_finish(request_id, output_tokens)

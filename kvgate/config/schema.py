@@ -193,18 +193,18 @@ class BreakerConfig:
 
 @dataclass(frozen=True, slots=True)
 class OutlierConfig:
-    """Slow-worker ejection on time to first byte (see gateway/outliers.py)."""
+    """Slow-worker ejection on time to first token against the router's expectation (see gateway/outliers.py)."""
 
     enabled: bool = True
     min_samples: int = 10
     ratio: float = 3.0
-    min_latency_s: float = 0.5
+    min_expected_s: float = 0.25
     ejection_s: float = 30.0
     max_ejected_fraction: float = 0.5
     ewma_alpha: float = 0.2
 
     def __post_init__(self) -> None:
-        for name in ("min_samples", "ratio", "min_latency_s", "ejection_s"):
+        for name in ("min_samples", "ratio", "min_expected_s", "ejection_s"):
             _check_positive(getattr(self, name), name)
         if not 0 <= self.max_ejected_fraction <= 1:
             raise ConfigError("max_ejected_fraction", "must be in [0, 1]")

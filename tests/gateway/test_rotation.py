@@ -6,10 +6,13 @@ import time
 from contextlib import ExitStack
 
 import httpx
+import pytest
 
 from gateway.breakers import CLOSED, HALF_OPEN, OPEN, WorkerBreaker
 from gateway.outliers import OutlierDetector
-from kvgate.config import OutlierConfig
+from gateway.core import GatewayCore
+from kvgate.config import KvgateConfig, OutlierConfig, build
+from router.kv_events import BlockStored
 from tests.gateway.conftest import gateway_config, start_gateway, worker_entry
 from tests.processes import Process, fake_worker_process, running
 
@@ -51,27 +54,59 @@ def test_failed_trial_reopens_the_breaker():
 
 def test_slow_worker_is_ejected_against_its_peers_and_readmitted_later():
     clock = FakeClock()
-    detector = OutlierDetector(OutlierConfig(min_samples=5, ratio=3.0, min_latency_s=0.1, ejection_s=30.0), clock)
+    detector = OutlierDetector(OutlierConfig(min_samples=5, ratio=3.0, min_expected_s=0.1, ejection_s=30.0), clock)
     for worker in ("a", "b", "c"):
         detector.add_worker(worker)
     for _ in range(5):
-        detector.observe("a", 0.05)
-        detector.observe("b", 0.06)
-    ejected = [detector.observe("c", 1.0) for _ in range(5)]
+        detector.observe("a", 0.05, expected_s=0.04)  # floored at 0.1: slowness 0.5
+        detector.observe("b", 2.4, expected_s=2.0)  # long prompts, on time: slowness 1.2
+    ejected = [detector.observe("c", 2.0, expected_s=0.5) for _ in range(5)]  # 4x its work's time
     assert ejected == [False] * 4 + [True]
     assert detector.is_ejected("c") and not detector.is_ejected("a")
     clock.now += 31
     assert not detector.is_ejected("c")
 
 
+@pytest.mark.parametrize(("first_token_s", "expected_s"), [(3.0, 2.5), (0.3, 0.0)],
+                         ids=["long-prompts-on-time", "tiny-prompts-a-few-steps"])
+def test_a_worker_busy_with_its_work_is_not_ejected(first_token_s, expected_s):
+    """Raw time to first token far above its peers', but as the router expected for the work."""
+    detector = OutlierDetector(OutlierConfig(min_samples=3, ratio=3.0, min_expected_s=0.25), FakeClock())
+    for _ in range(3):
+        detector.observe("a", 0.1, expected_s=0.1)
+        detector.observe("b", 0.12, expected_s=0.1)
+    assert not any(detector.observe("c", first_token_s, expected_s) for _ in range(10))
+
+
 def test_at_most_the_configured_fraction_of_a_pool_is_ejected():
-    detector = OutlierDetector(OutlierConfig(min_samples=1, ratio=2.0, min_latency_s=0.01,
+    detector = OutlierDetector(OutlierConfig(min_samples=1, ratio=2.0, min_expected_s=0.01,
                                              max_ejected_fraction=0.34), FakeClock())
     for worker in ("a", "b", "c"):
         detector.add_worker(worker)
-    detector.observe("a", 0.01)
-    assert detector.observe("b", 1.0)
-    assert not detector.observe("c", 1.0)  # a second ejection would take 2 of 3 workers out
+    detector.observe("a", 0.01, expected_s=0.01)
+    assert detector.observe("b", 1.0, expected_s=0.01)
+    assert not detector.observe("c", 1.0, expected_s=0.01)  # a second ejection would take 2 of 3 workers out
+
+
+@pytest.mark.parametrize(("leave", "entries_kept"), [("ejected", True), ("breaker-open", False)],
+                         ids=["ejected-keeps-its-entries", "failed-drops-them"])
+def test_leaving_rotation_drops_index_entries_only_when_the_worker_failed(leave, entries_kept):
+    """An ejected worker is alive and its KV events keep its entries true: when it rejoins, the
+    prefixes it holds draw their requests back. A failed one's cache is unknown."""
+    config = build(KvgateConfig, gateway_config(
+        [worker_entry(name, f"http://127.0.0.1:{port}") for name, port in (("a", 1), ("b", 2), ("c", 3))], None,
+        outliers={"min_samples": 1, "ratio": 2.0}, breaker={"fail_max": 1}))
+    core = GatewayCore(config)
+    core.router.index.apply("c", [BlockStored([1, 2], None, list(range(32)), 16, None, "GPU")])
+    fleet = core.fleet
+    fleet.record_attempt("a", ok=True, first_byte_s=1.0, expected_first_byte_s=1.0)
+    fleet.record_attempt("b", ok=True, first_byte_s=1.0, expected_first_byte_s=1.0)
+    if leave == "ejected":
+        fleet.record_attempt("c", ok=True, first_byte_s=5.0, expected_first_byte_s=1.0)
+    else:
+        fleet.record_attempt("c", ok=False)
+    assert not fleet.available("c") and not fleet.workers["c"].in_rotation
+    assert core.router.index.stats().blocks_per_worker["c"] == (2 if entries_kept else 0)
 
 
 def test_a_dead_worker_leaves_rotation_and_rejoins_when_it_comes_back(tmp_path):

@@ -84,6 +84,19 @@ def test_dispatch_and_finish_move_load(clock) -> None:
     assert router.load.get("w1").in_flight_requests == 0
 
 
+def test_first_token_returns_the_expected_time_at_the_pools_median_prefill_rate(clock) -> None:
+    router = make_router(clock)
+    for worker, rate in (("w0", 1000.0), ("w1", 2000.0), ("w2", 4000.0), ("w3", 4000.0), ("s0", 10.0)):
+        router.load.get(worker).prefill_tokens_per_s = rate
+    router.on_dispatch("w1", "ahead", prefill_tokens=2000)
+    router.on_dispatch("w1", "r1", prefill_tokens=1000)
+    clock.advance(1.0)
+    # r1 waited for 2000 queued tokens plus its own 1000, at main's median rate (3000/s; s0 is another pool)
+    assert router.on_first_token("r1") == pytest.approx(1.0)
+    assert router.on_first_token("r1") is None  # only the first call samples
+    assert router.on_first_token("unknown") is None
+
+
 @pytest.mark.parametrize(
     ("attempt_key", "worker", "queued"),
     [("r1", "w2", 64 - 48), ("r1#1", "w2", 64 - 48), ("r1#2", "w0", 64), ("other", "w2", 64)],
