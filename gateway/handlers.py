@@ -14,6 +14,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.core import GatewayCore
 from gateway.errors import GatewayError, UpstreamError
 from gateway.session import ProxyRequest, Session
+from gateway.sse import compact_json
 from router.router import NoRouteError
 from router.types import RouteRequest
 
@@ -68,7 +69,7 @@ class ProxyEndpoint:
             await send({"type": "http.response.body", "body": b""})
             return
         _finish(core, session, tenant)
-        content = json.dumps(result, ensure_ascii=False, separators=(",", ":")).encode()
+        content = compact_json(result)
         headers += [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode()),
                     (b"x-kvgate-failovers", str(session.failovers).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})

@@ -66,8 +66,17 @@ def _parse(raw: bytes) -> SseEvent | None:
     return SseEvent(raw=raw, data=data, payload=payload)
 
 
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # built once: json.dumps with
+# arguments builds an encoder per call
+
+
+def compact_json(payload: Any) -> bytes:
+    """UTF-8 JSON without spaces, as the gateway writes events and responses."""
+    return _COMPACT.encode(payload).encode()
+
+
 def encode_event(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + compact_json(payload) + b"\n\n"
 
 
 DONE = b"data: [DONE]\n\n"

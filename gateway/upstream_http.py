@@ -25,6 +25,7 @@ KEEPALIVE_EXPIRY_S = 60.0
 MAX_IDLE_PER_ORIGIN = 1024
 
 Origin = tuple[str, str, int]  # scheme, host, port
+_REQUEST_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)  # built once
 
 
 class _Connection(asyncio.Protocol):
@@ -174,7 +175,7 @@ class UpstreamClient:
                           connect_timeout_s: float) -> UpstreamResponse:
         """Send the request and wait for the response headers (the caller bounds the wait)."""
         origin, target = self._target(url)
-        data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        data = _REQUEST_JSON.encode(body).encode()
         head = _request_head(origin, target, headers, len(data))
         conn = self._pop_idle(origin) or await self._connect(origin, connect_timeout_s)
         conn._reset()

@@ -251,11 +251,14 @@ async def open_loop(port: int, rate_per_s: float, duration_s: float, warmup_s: f
     pool, rng = Pool(port, connections), random.Random(seed)
     await pool.open()
     latencies_s: list[float] = []
+    late_s: list[float] = []  # how late each request left the load generator (its own stalls)
     errors = 0
     tasks = set()
 
     async def one(scheduled: float, measured: bool) -> None:
         nonlocal errors
+        if measured:
+            late_s.append(time.perf_counter() - scheduled)
         try:
             status, body = await pool.send(raw)
             ok = check_answer(status, body, False, 1)
@@ -284,7 +287,8 @@ async def open_loop(port: int, rate_per_s: float, duration_s: float, warmup_s: f
             "errors": errors, "requests_total": sent,
             "p50_ms": percentile(latencies_s, 0.50) * 1e3, "p90_ms": percentile(latencies_s, 0.90) * 1e3,
             "p99_ms": percentile(latencies_s, 0.99) * 1e3, "mean_ms": statistics.fmean(latencies_s) * 1e3,
-            "load_generator_cpu_frac": cpu_s / (warmup_s + duration_s)}
+            "load_generator_cpu_frac": cpu_s / (warmup_s + duration_s),
+            "send_late_p99_ms": percentile(late_s, 0.99) * 1e3, "send_late_max_ms": max(late_s) * 1e3}
 
 
 async def sequential_streams(port: int, num_requests: int, num_tokens: int) -> dict[str, Any]:
