@@ -127,8 +127,8 @@ class Fleet:
 
     def record_attempt(self, worker_id: str, ok: bool, first_byte_s: float | None = None,
                        expected_first_byte_s: float | None = None) -> None:
-        """Outcome of one upstream attempt: feeds the breaker and slow-worker ejection (with the
-        time to first token beyond what the router expected, when both are known)."""
+        """Outcome of one upstream attempt: feeds the breaker and slow-worker ejection (time to
+        first token against the router's expectation for it, when both are known)."""
         worker = self.workers[worker_id]
         self.metrics.child(self.metrics.attempts, worker_id, "ok" if ok else "error").inc()
         if ok:

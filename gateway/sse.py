@@ -66,8 +66,8 @@ def _parse(raw: bytes) -> SseEvent | None:
     return SseEvent(raw=raw, data=data, payload=payload)
 
 
-_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # built once: json.dumps with
-# arguments builds an encoder per call
+# built once (json.dumps with arguments builds an encoder per call)
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def compact_json(payload: Any) -> bytes:

@@ -246,12 +246,12 @@ class Router:
         """Prefill done. Returns the seconds it was expected to take: the prefill work it waited for
         (queued ahead at dispatch plus its own uncached tokens) at the median measured prefill rate
         of its worker's pool. A worker busy with long prompts meets that; a sick one falls behind
-        it, so the gateway's slow-worker ejection compares workers on latency beyond it. None for
-        an unknown request."""
-        worker_id = self.load.worker_of(request_id)
-        pool = self._pool_of.get(worker_id) if worker_id is not None else None
+        it, so the gateway's slow-worker ejection compares workers on latency relative to it. None
+        for an unknown request."""
+        pool = self._pool_of.get(self.load.worker_of(request_id) or "")
         loads = self.load.loads
-        rates = [loads[spec.worker_id].prefill_tokens_per_s for spec in self._pools.get(pool, ()) if spec.worker_id in loads]
+        rates = [loads[spec.worker_id].prefill_tokens_per_s for spec in self._pools.get(pool or "", ())
+                 if spec.worker_id in loads]
         work_tokens = self.load.on_first_token(request_id)  # samples this worker's rate: after the expectation
         if work_tokens is None or not rates:
             return None
