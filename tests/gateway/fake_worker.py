@@ -1,11 +1,13 @@
 """A worker that fails on purpose, for gateway fault tests.
 
-usage: fake_worker.py PORT MODE   (MODE: status503 | hang | hang_after_headers)
-/health always answers 200 so the worker stays in rotation: only the breaker and the
-timeouts can take it out.
+usage: fake_worker.py PORT MODE   (MODE: status503 | hang | hang_after_headers | answer | slow)
+answer streams a one-token completion at once; slow does the same after SLOW_FIRST_TOKEN_S.
+/health always answers 200 so the worker stays in rotation: only the breaker, the timeouts
+and slow-worker ejection can take it out.
 """
 
 import asyncio
+import json
 import sys
 
 import uvicorn
@@ -15,6 +17,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 MODE = sys.argv[2]
+SLOW_FIRST_TOKEN_S = 1.0
 calls = {"generate": 0}
 
 
@@ -25,12 +28,24 @@ async def generate(request: Request) -> Response:
         return JSONResponse({"error": {"message": "overloaded", "type": "service_unavailable"}}, status_code=503)
     if MODE == "hang":
         await asyncio.sleep(3600)
+    if MODE in ("answer", "slow"):
+        return StreamingResponse(one_token_answer(), media_type="text/event-stream")
 
     async def nothing():
         await asyncio.sleep(3600)
         yield b""
 
     return StreamingResponse(nothing(), media_type="text/event-stream")
+
+
+async def one_token_answer():
+    if MODE == "slow":
+        await asyncio.sleep(SLOW_FIRST_TOKEN_S)
+    for payload in ({"choices": [{"index": 0, "text": "hi", "logprobs": None, "finish_reason": "length"}]},
+                    {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}):
+        yield b"data: " + json.dumps({"id": "cmpl-fake", "object": "text_completion", "created": 0,
+                                      "model": "fake", **payload}).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
 
 
 async def health(request: Request) -> Response:

@@ -114,6 +114,29 @@ def test_hanging_worker_times_out_before_the_first_byte_and_the_request_is_retri
         assert metric_value(gateway.url, "kvgate_upstream_attempts_total", worker="hang", outcome="error") == slow
 
 
+def test_a_worker_slow_for_its_work_is_ejected_and_its_peers_are_not(tmp_path):
+    """The whole path: the router's expectation at the first token, the gateway's slowness EWMA,
+    ejection, and routing around the ejected worker."""
+    with ExitStack() as stack:
+        workers = {name: stack.enter_context(running(fake_worker_process(mode)))
+                   for name, mode in (("fast0", "answer"), ("fast1", "answer"), ("slow", "slow"))}
+        config = gateway_config([worker_entry(name, w.url) for name, w in workers.items()], None,
+                                outliers={"min_samples": 3, "ratio": 3.0, "min_expected_s": 0.25})
+        config["pools"]["default"]["policy"] = {"type": "round_robin"}
+        gateway = start_gateway(stack, config, tmp_path)
+        served = []
+        with httpx.Client(headers=AUTH, timeout=10) as client:
+            for i in range(18):
+                response = client.post(f"{gateway.url}/v1/completions",
+                                       json={"model": MODEL, "prompt": f"p{i}", "max_tokens": 1})
+                assert response.status_code == 200 and response.json()["choices"][0]["text"] == "hi"
+                served.append(response.headers["x-kvgate-worker"])
+        assert served.count("slow") == 3  # its third answer (1 s: 4x its expected 0.25 s) ejected it
+        assert "slow" not in served[9:]
+        assert metric_value(gateway.url, "kvgate_worker_ejections_total", worker="slow") == 1
+        assert metric_value(gateway.url, "kvgate_worker_ejections_total") == 1
+
+
 def test_with_every_worker_failing_retries_stay_in_budget_and_clients_get_fast_503s(gateway_model_dir, tmp_path):
     with ExitStack() as stack:
         fakes = [stack.enter_context(running(fake_worker_process("status503"))) for _ in range(2)]
