@@ -24,6 +24,10 @@ class RequestContextMiddleware:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        # Looked up once (the middleware is built on the first request): a tracer provider is set
+        # at process start (opentelemetry-instrument, OTEL_PYTHON_TRACER_PROVIDER), and while none
+        # is, get_tracer_provider() searches the environment on every call.
+        self.no_tracer = _no_tracer_installed()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -36,7 +40,7 @@ class RequestContextMiddleware:
             elif name == b"traceparent":
                 has_parent = True
         request_id = incoming if _REQUEST_ID.match(incoming) else os.urandom(16).hex()  # uuid4().hex's form, cheaper
-        if not has_parent and _no_tracer_installed():
+        if not has_parent and self.no_tracer:
             # a no-op tracer without a parent makes an invalid span: nothing to record or echo
             await self._call(scope, receive, send, request_id, {}, None)
             return
