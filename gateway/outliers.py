@@ -2,13 +2,18 @@
 out of rotation for a while (the idea of Envoy's outlier detection, applied to time to first token).
 
 Raw time to first token would eject the worker a KV-aware router rightly gave the long cold
-prompts (and with it the prefixes it holds). So each request's time to first token is divided by
-what the router expected for the work it waited for (its uncached prompt plus the prefill queued
-ahead of it, at the pool's median prefill rate; Router.on_first_token), floored at min_expected_s
-(a request with next to nothing to compute still waits a few engine steps): its slowness, about 1
-on a healthy worker whatever its mix of work. Per worker an EWMA of slowness; a worker with at
-least min_samples whose EWMA exceeds ratio x the median of its peers' is ejected for ejection_s,
-then readmitted with a fresh EWMA. At most max_ejected_fraction of a pool is ejected at once.
+prompts (and with it the prefixes it holds). So each request is judged against what the router
+expected for the work it waited for (its uncached prompt plus the prefill queued ahead of it, at
+the pool's median prefill rate; Router.on_first_token):
+
+    slowness = (time to first token + base_latency_s) / (expected + base_latency_s)
+
+base_latency_s (a few engine steps) is what a request with next to nothing to compute still
+waits; added to both sides it keeps such requests near 1 instead of far above or below it, so a
+worker serving cache hits and one serving cold prompts both read about 1 when healthy. Per worker
+an EWMA of slowness; a worker with at least min_samples whose EWMA exceeds ratio x the median of
+its peers' is ejected for ejection_s, then readmitted with a fresh EWMA. At most
+max_ejected_fraction of a pool is ejected at once.
 """
 
 from __future__ import annotations
@@ -52,7 +57,8 @@ class OutlierDetector:
     def observe(self, worker_id: str, first_token_s: float, expected_s: float) -> bool:
         """Record one request's time to first token and the router's expectation for it; returns
         True if this observation ejected the worker."""
-        slowness = first_token_s / max(expected_s, self.config.min_expected_s)
+        base = self.config.base_latency_s
+        slowness = (first_token_s + base) / (expected_s + base)
         stats = self._stats.setdefault(worker_id, _Stats())
         alpha = self.config.ewma_alpha
         stats.slowness = slowness if stats.samples == 0 else (1 - alpha) * stats.slowness + alpha * slowness

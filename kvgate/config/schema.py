@@ -198,13 +198,13 @@ class OutlierConfig:
     enabled: bool = True
     min_samples: int = 10
     ratio: float = 3.0
-    min_expected_s: float = 0.25
+    base_latency_s: float = 0.25
     ejection_s: float = 30.0
     max_ejected_fraction: float = 0.5
     ewma_alpha: float = 0.2
 
     def __post_init__(self) -> None:
-        for name in ("min_samples", "ratio", "min_expected_s", "ejection_s"):
+        for name in ("min_samples", "ratio", "base_latency_s", "ejection_s"):
             _check_positive(getattr(self, name), name)
         if not 0 <= self.max_ejected_fraction <= 1:
             raise ConfigError("max_ejected_fraction", "must be in [0, 1]")

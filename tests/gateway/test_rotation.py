@@ -54,32 +54,37 @@ def test_failed_trial_reopens_the_breaker():
 
 def test_slow_worker_is_ejected_against_its_peers_and_readmitted_later():
     clock = FakeClock()
-    detector = OutlierDetector(OutlierConfig(min_samples=5, ratio=3.0, min_expected_s=0.1, ejection_s=30.0), clock)
+    detector = OutlierDetector(OutlierConfig(min_samples=5, ratio=3.0, base_latency_s=0.1, ejection_s=30.0), clock)
     for worker in ("a", "b", "c"):
         detector.add_worker(worker)
     for _ in range(5):
-        detector.observe("a", 0.05, expected_s=0.04)  # floored at 0.1: slowness 0.5
+        detector.observe("a", 0.05, expected_s=0.04)  # a cache hit: slowness (0.05 + 0.1) / (0.04 + 0.1)
         detector.observe("b", 2.4, expected_s=2.0)  # long prompts, on time: slowness 1.2
-    ejected = [detector.observe("c", 2.0, expected_s=0.5) for _ in range(5)]  # 4x its work's time
+    ejected = [detector.observe("c", 3.0, expected_s=0.5) for _ in range(5)]  # (3.0 + 0.1) / (0.5 + 0.1) = 5.2
     assert ejected == [False] * 4 + [True]
     assert detector.is_ejected("c") and not detector.is_ejected("a")
     clock.now += 31
     assert not detector.is_ejected("c")
 
 
-@pytest.mark.parametrize(("first_token_s", "expected_s"), [(3.0, 2.5), (0.3, 0.0)],
-                         ids=["long-prompts-on-time", "tiny-prompts-a-few-steps"])
-def test_a_worker_busy_with_its_work_is_not_ejected(first_token_s, expected_s):
-    """Raw time to first token far above its peers', but as the router expected for the work."""
-    detector = OutlierDetector(OutlierConfig(min_samples=3, ratio=3.0, min_expected_s=0.25), FakeClock())
+@pytest.mark.parametrize(("peers", "worker"), [
+    ((0.1, 0.1), (3.0, 2.5)),
+    ((0.1, 0.1), (0.3, 0.0)),
+    ((0.02, 0.0), (2.0, 2.0)),
+], ids=["long-prompts-on-time", "tiny-prompts-a-few-steps", "cold-prompts-beside-peers-serving-cache-hits"])
+def test_a_worker_busy_with_its_work_is_not_ejected(peers, worker):
+    """Raw time to first token far above its peers', but as the router expected for the work: the
+    last case is a fast engine whose peers answer cache hits in 20 ms while it computes prompts."""
+    detector = OutlierDetector(OutlierConfig(min_samples=3, ratio=3.0, base_latency_s=0.25), FakeClock())
+    first_token_s, expected_s = peers
     for _ in range(3):
-        detector.observe("a", 0.1, expected_s=0.1)
-        detector.observe("b", 0.12, expected_s=0.1)
-    assert not any(detector.observe("c", first_token_s, expected_s) for _ in range(10))
+        detector.observe("a", first_token_s, expected_s)
+        detector.observe("b", first_token_s * 1.2, expected_s)
+    assert not any(detector.observe("c", *worker) for _ in range(10))
 
 
 def test_at_most_the_configured_fraction_of_a_pool_is_ejected():
-    detector = OutlierDetector(OutlierConfig(min_samples=1, ratio=2.0, min_expected_s=0.01,
+    detector = OutlierDetector(OutlierConfig(min_samples=1, ratio=2.0, base_latency_s=0.01,
                                              max_ejected_fraction=0.34), FakeClock())
     for worker in ("a", "b", "c"):
         detector.add_worker(worker)
