@@ -1,7 +1,10 @@
 """A worker that fails on purpose, for gateway fault tests.
 
-usage: fake_worker.py PORT MODE   (MODE: status503 | hang | hang_after_headers | answer | slow)
-answer streams a one-token completion at once; slow does the same after SLOW_FIRST_TOKEN_S.
+usage: fake_worker.py PORT MODE
+  (MODE: status503 | hang | hang_after_headers | answer | slow | trickle | stall_mid_stream)
+answer streams a one-token completion at once; slow does the same after SLOW_FIRST_TOKEN_S;
+trickle streams a token every 0.1 s for a minute (GET /calls counts streams cut off by the
+client: "cancelled"); stall_mid_stream sends two tokens, then nothing.
 /health always answers 200 so the worker stays in rotation: only the breaker, the timeouts
 and slow-worker ejection can take it out.
 """
@@ -18,7 +21,7 @@ from starlette.routing import Route
 
 MODE = sys.argv[2]
 SLOW_FIRST_TOKEN_S = 1.0
-calls = {"generate": 0}
+calls = {"generate": 0, "cancelled": 0}
 
 
 async def generate(request: Request) -> Response:
@@ -30,6 +33,8 @@ async def generate(request: Request) -> Response:
         await asyncio.sleep(3600)
     if MODE in ("answer", "slow"):
         return StreamingResponse(one_token_answer(), media_type="text/event-stream")
+    if MODE in ("trickle", "stall_mid_stream"):
+        return StreamingResponse(tokens(), media_type="text/event-stream")
 
     async def nothing():
         await asyncio.sleep(3600)
@@ -38,14 +43,32 @@ async def generate(request: Request) -> Response:
     return StreamingResponse(nothing(), media_type="text/event-stream")
 
 
+def event(payload: dict) -> bytes:
+    return b"data: " + json.dumps({"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": "fake",
+                                   **payload}).encode() + b"\n\n"
+
+
+def token(text: str, finish_reason: str | None = None) -> bytes:
+    return event({"choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]})
+
+
 async def one_token_answer():
     if MODE == "slow":
         await asyncio.sleep(SLOW_FIRST_TOKEN_S)
-    for payload in ({"choices": [{"index": 0, "text": "hi", "logprobs": None, "finish_reason": "length"}]},
-                    {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}):
-        yield b"data: " + json.dumps({"id": "cmpl-fake", "object": "text_completion", "created": 0,
-                                      "model": "fake", **payload}).encode() + b"\n\n"
+    yield token("hi", "length")
+    yield event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
     yield b"data: [DONE]\n\n"
+
+
+async def tokens():
+    try:
+        for i in range(2 if MODE == "stall_mid_stream" else 600):
+            yield token(f" t{i}")
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(3600)
+    except BaseException:  # the client went away: Starlette cancels the stream
+        calls["cancelled"] += 1
+        raise
 
 
 async def health(request: Request) -> Response:

@@ -137,6 +137,46 @@ def test_a_worker_slow_for_its_work_is_ejected_and_its_peers_are_not(tmp_path):
         assert metric_value(gateway.url, "kvgate_worker_ejections_total") == 1
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "non-streaming"])
+def test_a_client_that_goes_away_cancels_the_upstream_request_at_once(tmp_path, stream):
+    with ExitStack() as stack:
+        worker = stack.enter_context(running(fake_worker_process("trickle")))
+        gateway = start_gateway(stack, gateway_config([worker_entry("w", worker.url)], None), tmp_path)
+        body = {"model": MODEL, "prompt": "p", "max_tokens": 600, "stream": stream}
+        if stream:
+            with httpx.stream("POST", f"{gateway.url}/v1/completions", headers=AUTH, json=body, timeout=10) as response:
+                data = (line for line in response.iter_lines() if line.startswith("data: "))
+                assert [next(data), next(data)]  # two tokens arrived; leaving the block closes the connection
+        else:
+            with pytest.raises(httpx.ReadTimeout):  # the whole answer would take a minute
+                httpx.post(f"{gateway.url}/v1/completions", headers=AUTH, json=body, timeout=0.5)
+        deadline = time.monotonic() + 2.0
+        while httpx.get(f"{worker.url}/calls").json()["cancelled"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert httpx.get(f"{worker.url}/calls").json() == {"generate": 1, "cancelled": 1}
+
+
+def test_a_worker_that_stalls_mid_stream_is_replaced_and_the_client_gets_one_stream(tmp_path):
+    with ExitStack() as stack:
+        stalling = stack.enter_context(running(fake_worker_process("stall_mid_stream")))
+        healthy = stack.enter_context(running(fake_worker_process("answer")))
+        config = gateway_config([worker_entry("stalling", stalling.url), worker_entry("healthy", healthy.url)], None,
+                                upstream={"idle_timeout_s": 1.0})
+        config["pools"]["default"]["policy"] = {"type": "round_robin"}  # the first request goes to "stalling"
+        gateway = start_gateway(stack, config, tmp_path)
+        response = httpx.post(f"{gateway.url}/v1/completions", headers=AUTH, timeout=10,
+                              json={"model": MODEL, "prompt": "p", "max_tokens": 10, "stream": True,
+                                    "stream_options": {"include_usage": True}})
+        text, payloads = stream_text(response)
+        assert response.headers["x-kvgate-worker"] == "stalling"
+        assert text == " t0 t1hi"  # two tokens from the stalled worker, the rest from the healthy one
+        assert {p["id"] for p in payloads} == {payloads[0]["id"]}  # one stream
+        assert [c["finish_reason"] for p in payloads for c in p["choices"]][-1] == "length"
+        assert payloads[-1]["usage"]["completion_tokens"] > 1  # the delivered tokens count too
+        assert response.text.rstrip().endswith("data: [DONE]")
+        assert metric_value(gateway.url, "kvgate_failovers_total") == 1
+
+
 def test_with_every_worker_failing_retries_stay_in_budget_and_clients_get_fast_503s(gateway_model_dir, tmp_path):
     with ExitStack() as stack:
         fakes = [stack.enter_context(running(fake_worker_process("status503"))) for _ in range(2)]
