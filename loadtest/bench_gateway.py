@@ -497,12 +497,10 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
         - raw["latency_at_load_uniform"]["direct"]["p99_ms"],
         "per_chunk_overhead_ms": per_chunk,
         "per_chunk_marginal_ms": marginal,
-        "gateway_cpu_ms_per_request": 1e3 * sat_gw["server_cpu_s"] / sat_gw["requests_total"],
+        "gateway_cpu_ms_per_request": _cpu_ms_per_request(sat_gw),
         "gateway_cpu_ms_per_request_at_load": _cpu_ms_per_request(lat["gateway"]),
-        # CPU per request x arrivals per second: the fraction of its CPU the gateway used at that rate
-        "gateway_busy_at_load": _cpu_ms_per_request(lat["gateway"]) * lat["gateway"]["rate_per_s"] / 1e3,
-        "gateway_busy_at_load_uniform": _cpu_ms_per_request(raw["latency_at_load_uniform"]["gateway"])
-        * raw["latency_at_load_uniform"]["gateway"]["rate_per_s"] / 1e3,
+        "gateway_busy_at_load": _busy(lat["gateway"]),
+        "gateway_busy_at_load_uniform": _busy(raw["latency_at_load_uniform"]["gateway"]),
         "direct_cpu_ms_per_request": _cpu_ms_per_request(raw["saturation"]["direct"]),
         "direct_cpu_ms_per_request_at_load": _cpu_ms_per_request(lat["direct"]),
         "gateway_cpu_ms_per_chunk": 1e3 * (streams["gateway_100"]["server_cpu_s"] - streams["gateway_1"]["server_cpu_s"])
@@ -522,6 +520,11 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
 
 def _cpu_ms_per_request(phase: dict[str, Any]) -> float:
     return 1e3 * phase["server_cpu_s"] / phase["requests_total"]
+
+
+def _busy(phase: dict[str, Any]) -> float:
+    """CPU per request x arrivals per second: the fraction of its CPU the process used at that rate."""
+    return _cpu_ms_per_request(phase) * phase["rate_per_s"] / 1e3
 
 
 def markdown(result: dict[str, Any]) -> str:
