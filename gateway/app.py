@@ -58,6 +58,7 @@ def build_app(core: GatewayCore, keys: KeyStore | None = None, *, freeze_gc: boo
         Route("/v1/chat/completions", handlers.chat_completions, methods=["POST"]),
         Route("/v1/completions", handlers.completions, methods=["POST"]),
         Route("/v1/models", handlers.models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", handlers.model, methods=["GET"]),
         Route("/health", handlers.health, methods=["GET"]),
         Route("/ready", handlers.ready, methods=["GET"]),
         Route("/metrics", handlers.metrics, methods=["GET"]),
@@ -75,6 +76,7 @@ def build_app(core: GatewayCore, keys: KeyStore | None = None, *, freeze_gc: boo
 
     app = Starlette(routes=routes, middleware=build_middleware(core, keys), lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error})
+    app.router.redirect_slashes = False  # /v1/completions/ is a 404, not a redirect clients would have to follow
     app.state.core = core
     return app
 
@@ -88,4 +90,4 @@ def freeze_startup_objects() -> None:
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return GatewayError(exc.status_code, exc.detail or "error", type_).response()
+    return GatewayError(exc.status_code, exc.detail or "error", type_).response(exc.headers)  # e.g. 405's Allow

@@ -68,6 +68,10 @@ class WorkerBreaker:
         if self.state != CLOSED:
             self._trial_in_flight = True
 
+    def end_attempt(self) -> None:
+        """An attempt ended with no outcome to judge the worker by (e.g. the client went away)."""
+        self._trial_in_flight = False
+
     def record_success(self) -> None:
         self._trial_in_flight = False
         if self._breaker.fail_counter == 0 and self.state == CLOSED:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -25,6 +26,7 @@ class GatewayCore:
     def __init__(self, config: KvgateConfig, tokenizer_dirs: Mapping[str, Path] | None = None,
                  http: httpx.AsyncClient | None = None, rng: random.Random | None = None) -> None:
         self.config = config
+        self.started_at = int(time.time())  # the models' `created` (a gateway serves them from then)
         self.metrics = GatewayMetrics()
         self.rng = rng or random.Random()
         self.http = http or httpx.AsyncClient(

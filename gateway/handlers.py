@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import math
 import time
-from typing import Any
+from typing import Any, Awaitable, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -17,6 +19,9 @@ from gateway.session import ProxyRequest, Session
 from gateway.sse import compact_json
 from router.router import NoRouteError
 from router.types import RouteRequest
+
+log = logging.getLogger("kvgate.gateway")
+T = TypeVar("T")
 
 FORWARDED_HEADERS = ("traceparent", "tracestate", "x-priority", "x-request-deadline-ms", "x-session-id",
                      "x-workflow-id", "x-workflow-step", "x-workflow-steps")
@@ -44,7 +49,7 @@ class ProxyEndpoint:
             body = _parse_body(await _read_body(receive), self.kind)
             model = body["model"]
             model_label = model if model in core.models else "unknown"
-            session, held, decision = await _start(core, scope, self.kind, self.path, body, tenant)
+            started = await _unless_disconnected(receive, _start(core, scope, self.kind, self.path, body, tenant))
         except GatewayError as error:
             core.metrics.child(core.metrics.requests, tenant, model_label, str(error.status)).inc()
             await error.response()(scope, receive, send)
@@ -54,6 +59,16 @@ class ProxyEndpoint:
             await Response(error.body, status_code=error.status or 502, media_type="application/json")(
                 scope, receive, send)
             return
+        except Exception:  # a bug: the client still gets an OpenAI-style 500 (with its request id) and it is counted
+            log.exception("request %s failed", scope.get("state", {}).get("request_id", ""))
+            core.metrics.child(core.metrics.requests, tenant, model_label, "500").inc()
+            await GatewayError(500, "internal error in the gateway", "server_error").response()(scope, receive, send)
+            return
+        if started is None:  # the client went away before the first token: the attempt was cancelled
+            core.metrics.child(core.metrics.requests, tenant, model_label, "499").inc()
+            await _client_gone(send)
+            return
+        session, held, decision = started
         headers = [(b"x-kvgate-worker", session.tried[-1].encode())]
         if core.config.routing.debug_header:
             headers.append((b"x-kvgate-route", decision.explain()[:2000].encode("latin-1", "replace")))
@@ -63,17 +78,22 @@ class ProxyEndpoint:
             response.raw_headers += headers
             await response(scope, receive, send)
             return
-        result = await _collect_unless_disconnected(receive, session, held)
-        if result is None:
-            await send({"type": "http.response.start", "status": 499, "headers": []})
-            await send({"type": "http.response.body", "body": b""})
-            return
+        result = await _unless_disconnected(receive, session.collect(held))
         _finish(core, session, tenant)
+        if result is None:
+            await _client_gone(send)
+            return
         content = compact_json(result)
         headers += [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode()),
                     (b"x-kvgate-failovers", str(session.failovers).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": content})
+
+
+async def _client_gone(send: Send) -> None:
+    """Close the exchange of a client that disconnected (499, nginx's "client closed request")."""
+    await send({"type": "http.response.start", "status": 499, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
 
 
 chat_completions = ProxyEndpoint("chat", "/v1/chat/completions")
@@ -152,15 +172,25 @@ def _priority(value: str | None) -> int | None:
 
 def _parse_body(raw: bytes, kind: str) -> dict[str, Any]:
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise GatewayError(400, f"request body is not valid JSON: {exc}") from None
+    except ValueError as exc:  # NaN, Infinity, or a number too large for a float
+        raise GatewayError(400, f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise GatewayError(400, "request body is not valid JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise GatewayError(400, "request body must be a JSON object")
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise GatewayError(400, "model is required and must be a string", param="model")
     if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
         raise GatewayError(400, "stream must be a boolean", param="stream")
+    stream_options = body.get("stream_options")
+    if stream_options is not None:
+        if not isinstance(stream_options, dict):
+            raise GatewayError(400, "stream_options must be an object", param="stream_options")
+        if not body.get("stream"):
+            raise GatewayError(400, "stream_options is only allowed when stream is true", param="stream_options")
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
@@ -172,6 +202,17 @@ def _parse_body(raw: bytes, kind: str) -> dict[str, Any]:
         if len(prompt) > 1 and isinstance(prompt, list) and isinstance(prompt[0], (str, list)):
             raise GatewayError(400, "only one prompt per request is supported", param="prompt")
     return body
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number out of range: {text[:40]}")
+    return value
 
 
 async def _observed(core: GatewayCore, session: Session, stream, tenant: str):
@@ -202,8 +243,9 @@ def _finish(core: GatewayCore, session: Session, tenant: str) -> None:
                 m.prediction_hit_ratio.set(ratio)
 
 
-async def _collect_unless_disconnected(receive: Receive, session: Session, held) -> dict | None:
-    """session.collect(held) in this task; None if the client disconnects first (collect is cancelled)."""
+async def _unless_disconnected(receive: Receive, awaitable: Awaitable[T]) -> T | None:
+    """awaitable's result, awaited in this task; None if the client disconnects first (this task
+    is then cancelled, so the upstream attempt is aborted at once and cleans up after itself)."""
     task = asyncio.current_task()
     disconnected = False
 
@@ -218,7 +260,7 @@ async def _collect_unless_disconnected(receive: Receive, session: Session, held)
 
     watcher = asyncio.ensure_future(watch())
     try:
-        return await session.collect(held)
+        return await awaitable
     except asyncio.CancelledError:
         if not disconnected:
             raise
@@ -234,10 +276,23 @@ async def _wait_disconnect(receive: Receive) -> None:
 
 
 async def models(request: Request) -> Response:
-    core = _core(request)
-    data = [{"id": pool.model, "object": "model", "created": 0, "owned_by": "kvgate", "pool": name}
-            for name, pool in core.config.pools.items()]
-    return JSONResponse({"object": "list", "data": data})
+    return JSONResponse({"object": "list", "data": list(_model_objects(_core(request)).values())})
+
+
+async def model(request: Request) -> Response:
+    """GET /v1/models/{id}: one model object, as OpenAI's retrieve answers (ids may contain '/')."""
+    model_id = request.path_params["model_id"]
+    found = _model_objects(_core(request)).get(model_id)
+    if found is None:
+        return GatewayError(404, f"The model `{model_id}` does not exist.", "invalid_request_error",
+                            code="model_not_found", param="model").response()
+    return JSONResponse(found)
+
+
+def _model_objects(core: GatewayCore) -> dict[str, dict[str, Any]]:
+    return {pool.model: {"id": pool.model, "object": "model", "created": core.started_at, "owned_by": "kvgate",
+                         "pool": name}
+            for name, pool in core.config.pools.items()}
 
 
 async def health(request: Request) -> Response:

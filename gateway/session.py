@@ -126,11 +126,15 @@ class Session:
             attempt = await open_attempt(core.upstream, worker_id, worker.url + self.req.path, body, self.req.headers,
                                          up.connect_timeout_s, up.first_byte_timeout_s, up.idle_timeout_s)
             held = await wait_first_progress(attempt, up.first_byte_timeout_s)
-        except UpstreamError as error:
+        except BaseException as error:  # refused, failed, or cancelled (the client left): the worker did not serve it
             core.router.on_finish(key, 0)
-            core.fleet.record_attempt(worker_id, ok=not error.retryable)
+            core.router.withdraw_prediction(self.req.request_id, worker_id)
+            if isinstance(error, UpstreamError):
+                core.fleet.record_attempt(worker_id, ok=not error.retryable)
+            else:
+                worker.breaker.end_attempt()  # no outcome to record: a half-open trial may be tried again
             if attempt is not None:
-                await attempt.close()
+                await asyncio.shield(attempt.close())
             raise
         attempt.expected_first_byte_s = core.router.on_first_token(key)
         self.attempt, self.attempt_key = attempt, key

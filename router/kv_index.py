@@ -234,8 +234,9 @@ class KvIndex:
 
     def record_prediction(
         self, worker_id: str, keys: Sequence[int], ttl_s: float | None = None, *, num_predicted: int = 0
-    ) -> None:
-        """Remember that worker_id was just sent a prompt with these keys (for ttl_s seconds).
+    ) -> float | None:
+        """Remember that worker_id was just sent a prompt with these keys (for ttl_s seconds);
+        returns the prediction's expiry (None for no keys), which withdraw_prediction takes.
 
         num_predicted: how many leading keys match() just reported predicted for this worker;
         their expiry is refreshed without touching the shared masks again. keys is kept until
@@ -243,7 +244,7 @@ class KvIndex:
         """
         worker = self._worker(worker_id)
         if not keys:
-            return
+            return None
         now = self._clock()
         expiry = now + (ttl_s if ttl_s is not None else self.predicted_ttl_s)
         worker.predicted.update(zip(keys, repeat(expiry)))
@@ -253,6 +254,22 @@ class KvIndex:
         self._heap_seq += 1
         heapq.heappush(self._expiry_heap, (expiry, self._heap_seq, worker_id, keys))
         self._expire(now)
+        return expiry
+
+    def withdraw_prediction(self, worker_id: str, keys: Sequence[int], expiry: float) -> int:
+        """Forget keys predicted for worker_id by a request it did not serve (it refused or failed
+        it, or the client left first). Pass the keys that request added, not those it only
+        refreshed; a key predicted again since (another expiry) stays. Returns how many went."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return 0
+        expiries = worker.predicted
+        gone = [key for key in keys if expiries.get(key) == expiry]
+        for key in gone:
+            del expiries[key]
+        if gone:
+            _clear_bit(self._predicted, gone, worker.bit)
+        return len(gone)
 
     def _expire(self, now: float) -> None:
         heap = self._expiry_heap

@@ -87,7 +87,8 @@ class Router:
         self._candidate_cache: dict[tuple[str, str | None, str], tuple[str, list[WorkerSpec]]] = {}
         self._instances: dict[str, Policy] = {}
         self._instances_for: RoutingPolicies | None = None
-        self._cached_at_route: OrderedDict[str, dict[str, int]] = OrderedDict()
+        # request id -> (expected cached tokens per candidate, the prediction recorded for it)
+        self._routes: OrderedDict[str, tuple[dict[str, int], tuple[str, tuple[int, ...], int, float | None]]] = OrderedDict()
         for pool, specs in pools.items():
             self._pools.setdefault(pool, [])
             for spec in specs:
@@ -140,15 +141,13 @@ class Router:
         chosen = decision.worker_id
         block_size = self._specs[chosen].block_size
         confirmed, predicted = matches[block_size].get(chosen, _NOTHING_HELD)
-        self.index.record_prediction(
-            chosen,
-            # a tuple of ints: the index keeps it until the prediction expires (seconds), and unlike a
-            # list the collector stops tracking it, so these don't pile up as long-lived GC objects
-            tuple(keys_by_size[block_size]),
-            getattr(policy, "prediction_ttl_s", None),
-            num_predicted=predicted,
-        )
-        self._remember_cached(req.request_id, decision.worker_ids, matches, len(token_ids))
+        # a tuple of ints: the index keeps it until the prediction expires (seconds), and unlike a
+        # list the collector stops tracking it, so these don't pile up as long-lived GC objects
+        keys = tuple(keys_by_size[block_size])
+        expiry = self.index.record_prediction(chosen, keys, getattr(policy, "prediction_ttl_s", None),
+                                              num_predicted=predicted)
+        self._remember_route(req.request_id, decision.worker_ids, matches, len(token_ids),
+                             (chosen, keys, max(confirmed, predicted), expiry))
         return RouteDecision(
             decision.policy,
             decision.worker_ids,
@@ -208,26 +207,28 @@ class Router:
                                  *matches[s.block_size].get(s.worker_id, _NOTHING_HELD)))
                 for s in specs]
 
-    def _remember_cached(
+    def _remember_route(
         self,
         request_id: str | None,
         ranked: Sequence[str],
         matches: dict[int, dict[str, tuple[int, int]]],
         num_prompt_tokens: int,
+        prediction: tuple[str, tuple[int, ...], int, float | None],
     ) -> None:
-        """Keep the expected cached tokens of the first ranked candidates (those the gateway will
-        try) until the request is dispatched (bounded LRU); any other worker counts as holding none."""
+        """Keep, until the request is dispatched (bounded LRU), the expected cached tokens of the first
+        ranked candidates (those the gateway will try; any other worker counts as holding none) and
+        the prediction recorded for it (worker, keys, how many it found held already, expiry)."""
         if not request_id:
             return
-        remembered = {}
+        cached = {}
         for worker_id in ranked[:_REMEMBERED_CANDIDATES]:
             block_size = self._specs[worker_id].block_size
             blocks = max(matches[block_size].get(worker_id, _NOTHING_HELD))
             if blocks:
-                remembered[worker_id] = _cacheable_tokens(blocks, block_size, num_prompt_tokens)
-        self._cached_at_route[request_id] = remembered
-        while len(self._cached_at_route) > _MAX_REMEMBERED_ROUTES:
-            self._cached_at_route.popitem(last=False)
+                cached[worker_id] = _cacheable_tokens(blocks, block_size, num_prompt_tokens)
+        self._routes[request_id] = (cached, prediction)
+        while len(self._routes) > _MAX_REMEMBERED_ROUTES:
+            self._routes.popitem(last=False)
 
     # -- load and outcome ------------------------------------------------------------------------
 
@@ -238,8 +239,8 @@ class Router:
         the load view queues only the tokens the worker must compute (the gateway passes the whole
         prompt; if it ever passes the uncached count itself, drop this subtraction).
         """
-        cached = self._cached_at_route.get(request_id) or self._cached_at_route.get(request_id.rpartition("#")[0])
-        expected_cached = (cached or {}).get(worker_id, 0)
+        route = self._routes.get(request_id) or self._routes.get(request_id.rpartition("#")[0])
+        expected_cached = route[0].get(worker_id, 0) if route else 0
         self.load.on_dispatch(worker_id, request_id, max(0, prefill_tokens - expected_cached))
 
     def on_first_token(self, request_id: str) -> float | None:
@@ -259,6 +260,16 @@ class Router:
 
     def on_finish(self, request_id: str, output_tokens: int = 0) -> None:
         self.load.on_finish(request_id, output_tokens)
+
+    def withdraw_prediction(self, request_id: str, worker_id: str) -> None:
+        """worker_id did not serve request_id (refused or failed it before the first token, or the
+        client left): the blocks its routing predicted there are not coming."""
+        route = self._routes.get(request_id)
+        if route is None:
+            return
+        predicted_worker, keys, already_held, expiry = route[1]
+        if predicted_worker == worker_id and expiry is not None:
+            self.index.withdraw_prediction(worker_id, keys[already_held:], expiry)
 
     def record_outcome(self, predicted_cached_tokens: int, reported_cached_tokens: int) -> None:
         """Closed loop: what the router expected cached vs usage.prompt_tokens_details.cached_tokens."""

@@ -1,10 +1,11 @@
 """A worker that fails on purpose, for gateway fault tests.
 
 usage: fake_worker.py PORT MODE
-  (MODE: status503 | hang | hang_after_headers | answer | slow | trickle | stall_mid_stream)
+  (MODE: status503 | hang | hang_after_headers | hang_first | answer | slow | trickle | stall_mid_stream)
 answer streams a one-token completion at once; slow does the same after SLOW_FIRST_TOKEN_S;
-trickle streams a token every 0.1 s for a minute (GET /calls counts streams cut off by the
-client: "cancelled"); stall_mid_stream sends two tokens, then nothing.
+hang_first hangs after the headers on its first request and answers the others;
+trickle streams a token every 0.1 s for a minute; stall_mid_stream sends two tokens, then nothing;
+GET /calls counts streams (trickle, hang_after_headers, hang_first) cut off by the client: "cancelled".
 /health always answers 200 so the worker stays in rotation: only the breaker, the timeouts
 and slow-worker ejection can take it out.
 """
@@ -31,13 +32,17 @@ async def generate(request: Request) -> Response:
         return JSONResponse({"error": {"message": "overloaded", "type": "service_unavailable"}}, status_code=503)
     if MODE == "hang":
         await asyncio.sleep(3600)
-    if MODE in ("answer", "slow"):
+    if MODE in ("answer", "slow") or (MODE == "hang_first" and calls["generate"] > 1):
         return StreamingResponse(one_token_answer(), media_type="text/event-stream")
     if MODE in ("trickle", "stall_mid_stream"):
         return StreamingResponse(tokens(), media_type="text/event-stream")
 
     async def nothing():
-        await asyncio.sleep(3600)
+        try:
+            await asyncio.sleep(3600)
+        except BaseException:  # the gateway went away
+            calls["cancelled"] += 1
+            raise
         yield b""
 
     return StreamingResponse(nothing(), media_type="text/event-stream")

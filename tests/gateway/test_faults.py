@@ -58,7 +58,8 @@ def test_worker_killed_mid_stream_client_text_equals_uninterrupted_run(gateway_m
             path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": "Tell me a story"}]}
         body = {**body, "model": MODEL, "max_tokens": 300, "temperature": 0, "ignore_eos": True, "stream": True,
                 "stream_options": {"include_usage": True}}
-        expected = httpx.post(f"{gateway.url}{path}", json={**body, "stream": False}, headers=AUTH, timeout=60)
+        plain = {k: v for k, v in body.items() if k != "stream_options"} | {"stream": False}
+        expected = httpx.post(f"{gateway.url}{path}", json=plain, headers=AUTH, timeout=60)
         expected_text = expected.json()["choices"][0]["text" if kind == "completion" else "message"]
         expected_text = expected_text if kind == "completion" else expected_text["content"]
 
@@ -154,6 +155,27 @@ def test_a_client_that_goes_away_cancels_the_upstream_request_at_once(tmp_path, 
         while httpx.get(f"{worker.url}/calls").json()["cancelled"] == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert httpx.get(f"{worker.url}/calls").json() == {"generate": 1, "cancelled": 1}
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "non-streaming"])
+def test_a_client_that_goes_away_before_the_first_token_cancels_the_upstream_request(tmp_path, stream):
+    """While the worker is still computing the prompt (nothing sent to the client yet); the
+    request counts as 499 and leaves no load or predicted cache behind."""
+    with ExitStack() as stack:
+        worker = stack.enter_context(running(fake_worker_process("hang_first")))
+        gateway = start_gateway(stack, gateway_config([worker_entry("w", worker.url)], None), tmp_path)
+        body = {"model": MODEL, "prompt": "p " * 40, "max_tokens": 1, "stream": stream}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{gateway.url}/v1/completions", headers=AUTH, json=body, timeout=0.5)
+        deadline = time.monotonic() + 2.0
+        while httpx.get(f"{worker.url}/calls").json()["cancelled"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert httpx.get(f"{worker.url}/calls").json() == {"generate": 1, "cancelled": 1}
+        assert metric_value(gateway.url, "kvgate_requests_total", status="499") == 1
+        again = httpx.post(f"{gateway.url}/v1/completions", headers=AUTH, json=body, timeout=10)
+        assert again.status_code == 200
+        route = again.headers["x-kvgate-route"]  # what the router knew when it routed the same prompt again
+        assert "predicted_cached_tokens=0" in route and "w(cached_blocks=0 requests=0 " in route, route
 
 
 def test_a_worker_that_stalls_mid_stream_is_replaced_and_the_client_gets_one_stream(tmp_path):

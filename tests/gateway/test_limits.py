@@ -37,13 +37,27 @@ def test_too_many_headers_get_431(fleet):
         (b'{"model": "tiny", "messages": "hi"}', "messages must be a non-empty list"),
         (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}',
          "stream must be a boolean"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+         "NaN is not a JSON number"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stop": ["a", -Infinity]}',
+         "-Infinity is not a JSON number"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1e400}',
+         "number out of range"),
+        (b'{"model": "tiny", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b', "messages": []}',
+         "nested too deeply"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": true, "stream_options": "yes"}',
+         "stream_options must be an object"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": true}}',
+         "stream_options is only allowed when stream is true"),
     ],
-    ids=["malformed", "not-object", "no-model", "empty-messages", "messages-string", "stream-not-bool"],
+    ids=["malformed", "not-object", "no-model", "empty-messages", "messages-string", "stream-not-bool", "nan",
+         "infinity", "float-overflow", "deep-nesting", "stream-options-not-object", "stream-options-without-stream"],
 )
 def test_invalid_requests_get_400_with_a_clear_message(fleet, body, message):
     response = post(fleet["gateway"].url, body)
     assert response.status_code == 400
     assert message in response.json()["error"]["message"]
+    assert response.headers["x-request-id"]  # answered inside the middleware chain, not by a crash handler
 
 
 @pytest.mark.parametrize(
@@ -84,6 +98,13 @@ def test_other_methods_on_the_completion_paths_get_405(fleet, path):
     response = httpx.get(f"{fleet['gateway'].url}{path}", headers=AUTH, timeout=30)
     assert response.status_code == 405
     assert response.json()["error"]["type"] == "invalid_request_error"
+    assert response.headers["allow"] == "POST"
+
+
+def test_a_trailing_slash_is_not_redirected(fleet):
+    response = httpx.post(f"{fleet['gateway'].url}/v1/completions/", headers=AUTH, timeout=30,
+                          json={"model": MODEL, "prompt": "hi", "max_tokens": 1})
+    assert response.status_code == 404
 
 
 def test_an_unknown_path_gets_an_openai_style_404(fleet):

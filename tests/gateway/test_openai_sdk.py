@@ -30,6 +30,14 @@ def test_models_lists_the_pools_models(client):
     assert [m.id for m in client.models.list().data] == [MODEL]
 
 
+def test_a_model_is_retrieved_by_id_and_an_unknown_one_is_a_404(client):
+    found = client.models.retrieve(MODEL)
+    assert (found.id, found.object, found.owned_by) == (MODEL, "model", "kvgate") and found.created > 0
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("no-such-model")
+    assert caught.value.body["code"] == "model_not_found"
+
+
 def test_chat_non_streaming_content_equals_the_workers(client, direct):
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     via_gateway = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, **GREEDY)

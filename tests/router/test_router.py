@@ -55,6 +55,29 @@ def test_chosen_worker_gets_predicted_entries_until_they_expire(clock) -> None:
     assert router.index.match(keys) == {}
 
 
+def test_a_worker_that_did_not_serve_the_request_loses_what_its_routing_predicted(clock) -> None:
+    """Refused (a 4xx), failed before the first token, or left by its client: the blocks are not
+    coming. What an earlier request predicted there (the shared head) stays."""
+    router = make_router(clock)
+    head = router.route(RouteRequest(model="m", prompt=PROMPT[:32], request_id="head"))
+    decision = router.route(RouteRequest(model="m", prompt=PROMPT, request_id="r1"))
+    assert decision.worker_id == head.worker_id
+    keys = block_keys(PROMPT, 16, "m")
+    router.withdraw_prediction("r1", "w-other")  # not the worker it predicted: nothing to withdraw
+    assert router.index.match(keys) == {head.worker_id: (0, 4)}
+    router.withdraw_prediction("r1", decision.worker_id)
+    assert router.index.match(keys) == {head.worker_id: (0, 2)}
+
+
+def test_a_prediction_made_again_since_is_not_withdrawn(clock) -> None:
+    router = make_router(clock)
+    first = router.route(RouteRequest(model="m", prompt=PROMPT, request_id="r1"))
+    clock.advance(1.0)
+    assert router.route(RouteRequest(model="m", prompt=PROMPT, request_id="r2")).worker_id == first.worker_id
+    router.withdraw_prediction("r1", first.worker_id)  # r2, in flight, predicts the same blocks
+    assert router.index.match(block_keys(PROMPT, 16, "m")) == {first.worker_id: (0, 4)}
+
+
 def test_unhealthy_pool_falls_back(clock) -> None:
     router = make_router(clock)
     for i in range(4):
