@@ -46,6 +46,7 @@ class Worker:
     consecutive_successes: int = 0
     in_rotation: bool = True
     failed: bool = False  # health checks failing or breaker open
+    answered: bool = False  # has passed a health check since the gateway started
     subscriber: KvEventSubscriber | None = field(default=None, repr=False)
 
 
@@ -112,7 +113,9 @@ class Fleet:
         worker.in_rotation = in_rotation
         self.router.set_healthy(worker.worker_id, in_rotation)
         self.metrics.worker_healthy.labels(worker=worker.worker_id).set(1 if in_rotation else 0)
-        if not in_rotation:
+        if not in_rotation and not worker.answered:  # e.g. started together with the gateway, still loading
+            log.info("worker %s not in rotation yet: waiting for its first health check to pass", worker.worker_id)
+        elif not in_rotation:
             log.warning("worker %s left rotation (healthy=%s breaker=%s ejected=%s)", worker.worker_id,
                         worker.healthy, worker.breaker.state, self.outliers.is_ejected(worker.worker_id))
         else:
@@ -162,6 +165,7 @@ class Fleet:
         if initial:
             worker.healthy = ok
         if ok:
+            worker.answered = True
             worker.consecutive_failures = 0
             worker.consecutive_successes += 1
             if not worker.healthy and worker.consecutive_successes >= cfg.healthy_threshold:

@@ -14,6 +14,11 @@ worker serving cache hits and one serving cold prompts both read about 1 when he
 an EWMA of slowness; a worker with at least min_samples whose EWMA exceeds ratio x the median of
 its peers' is ejected for ejection_s, then readmitted with a fresh EWMA. At most
 max_ejected_fraction of a pool is ejected at once.
+
+One observation counts for at most 2 x ratio: the expectation is a linear model, and a single
+very long prompt (attention grows with its square) can take 10x what it predicts on a healthy
+worker. Capped, it moves the EWMA only part of the way; a worker is ejected for being slow on
+several requests in a row (three far-off ones with the defaults), not for one.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ class OutlierDetector:
         """Record one request's time to first token and the router's expectation for it; returns
         True if this observation ejected the worker."""
         base = self.config.base_latency_s
-        slowness = (first_token_s + base) / (expected_s + base)
+        slowness = min((first_token_s + base) / (expected_s + base), 2 * self.config.ratio)
         stats = self._stats.setdefault(worker_id, _Stats())
         alpha = self.config.ewma_alpha
         stats.slowness = slowness if stats.samples == 0 else (1 - alpha) * stats.slowness + alpha * slowness

@@ -83,6 +83,19 @@ def test_a_worker_busy_with_its_work_is_not_ejected(peers, worker):
     assert not any(detector.observe("c", *worker) for _ in range(10))
 
 
+def test_one_very_slow_request_does_not_eject_a_worker_but_a_run_of_them_does():
+    """A single long prompt can take 10x the router's linear expectation on a healthy worker
+    (attention grows with the prompt's square): one observation counts for at most 2 x ratio."""
+    detector = OutlierDetector(OutlierConfig(min_samples=3, ratio=3.0, base_latency_s=0.25), FakeClock())
+    for _ in range(3):
+        for worker in ("a", "b", "c"):
+            detector.observe(worker, 0.3, expected_s=0.3)
+    assert not detector.observe("c", 63.0, expected_s=5.0)  # slowness 12, counted as 6
+    for _ in range(10):  # back to normal
+        detector.observe("c", 0.3, expected_s=0.3)
+    assert [detector.observe("c", 63.0, expected_s=5.0) for _ in range(3)] == [False, False, True]
+
+
 def test_at_most_the_configured_fraction_of_a_pool_is_ejected():
     detector = OutlierDetector(OutlierConfig(min_samples=1, ratio=2.0, base_latency_s=0.01,
                                              max_ejected_fraction=0.34), FakeClock())
