@@ -155,8 +155,36 @@ class RoutingTokenizer:
         add_generation_prompt: bool = True,
         **template_kwargs: Any,
     ) -> str:
+        """The prompt text of messages, normalised as the worker renders them (see chat_messages)."""
+        return self._render(chat_messages(messages), tools, add_generation_prompt, template_kwargs)
+
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> list[int]:
+        """Token ids of the rendered conversation with the generation prompt, as the worker sees it."""
+        messages = chat_messages(messages)
+        text = self._render(messages, tools, True, template_kwargs)
+        if self._tokenizer is None:
+            return _approximate_ids(text)
+        hashes = _message_hashes(messages, tools, template_kwargs)
+        token_ids = self._from_cache(text, hashes) if self._cache_entries else None
+        if token_ids is None:
+            self.prefix_cache_misses += 1
+            encoding = self._tokenizer.encode(text, add_special_tokens=False)
+            token_ids = encoding.ids
+            self._store(hashes[-1], text, token_ids, encoding.offsets, 0, 0, None)
+            if len(messages) > 1 and self._cache_entries:
+                self._store_shared_head(messages[:-1], hashes[-2], text, encoding, tools, template_kwargs)
+        return token_ids
+
+    def _render(self, messages: list[Mapping[str, Any]], tools: Any, add_generation_prompt: bool,
+                template_kwargs: Mapping[str, Any]) -> str:
         if self._template is None:
-            text = "".join(f"{m.get('role')}: {_content_text(m.get('content'))}\n" for m in messages)
+            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
             return text + ("assistant: " if add_generation_prompt else "")
         try:
             return self._template.render(
@@ -171,34 +199,12 @@ class RoutingTokenizer:
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"chat template failed: {exc}") from exc
 
-    def encode_chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        **template_kwargs: Any,
-    ) -> list[int]:
-        """Token ids of the rendered conversation with the generation prompt, as the worker sees it."""
-        text = self.render_chat(messages, tools=tools, **template_kwargs)
-        if self._tokenizer is None:
-            return _approximate_ids(text)
-        hashes = _message_hashes(messages, tools, template_kwargs)
-        token_ids = self._from_cache(text, hashes) if self._cache_entries else None
-        if token_ids is None:
-            self.prefix_cache_misses += 1
-            encoding = self._tokenizer.encode(text, add_special_tokens=False)
-            token_ids = encoding.ids
-            self._store(hashes[-1], text, token_ids, encoding.offsets, 0, 0, None)
-            if len(messages) > 1 and self._cache_entries:
-                self._store_shared_head(messages[:-1], hashes[-2], text, encoding, tools, template_kwargs)
-        return token_ids
-
-    def _store_shared_head(self, head: Sequence[Mapping[str, Any]], key: int, text: str, encoding: Any,
+    def _store_shared_head(self, head: list[Mapping[str, Any]], key: int, text: str, encoding: Any,
                            tools: Any, template_kwargs: Mapping[str, Any]) -> None:
         """Also cache the conversation minus its last message (e.g. a long system prompt), so a
         request that shares only that head (same system prompt, new question) reuses its tokens."""
         try:
-            head_text = self.render_chat(head, tools=tools, add_generation_prompt=False, **template_kwargs)
+            head_text = self._render(head, tools, False, template_kwargs)
         except ChatTemplateError:
             return
         if not head_text or not text.startswith(head_text):
@@ -294,10 +300,41 @@ def _approximate_ids(text: str) -> list[int]:
     return ids.tolist()
 
 
+def chat_messages(messages: Sequence[Any]) -> list[Mapping[str, Any]]:
+    """Messages as the worker hands them to the template (worker/openai_api.py): null fields
+    dropped, role developer as system, content as text. Leniently: what the worker rejects (no
+    role, image parts, content of another type) still renders, so its 400 is what the client sees."""
+    return [_chat_message(m) for m in messages if isinstance(m, Mapping)]
+
+
+def _chat_message(message: Mapping[str, Any]) -> Mapping[str, Any]:
+    role, content = message.get("role"), message.get("content")
+    if isinstance(content, str) and isinstance(role, str) and role != "developer" and None not in message.values():
+        return message  # the common case: already as the worker renders it
+    rendered = {k: v for k, v in message.items() if v is not None}
+    rendered["role"] = _role(role)
+    rendered["content"] = _content_text(content)
+    return rendered
+
+
+def _role(role: Any) -> str:
+    """developer (OpenAI's newer name for system instructions) is system; no role renders as user."""
+    if role == "developer":
+        return "system"
+    return role if isinstance(role, str) else "user"
+
+
 def _content_text(content: Any) -> str:
+    """A string; text parts joined by newlines, as vLLM joins them (other parts skipped); None is ""."""
+    if isinstance(content, str):
+        return content
     if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+        return "\n".join(part["text"] for part in content if _is_text_part(part))
     return "" if content is None else str(content)
+
+
+def _is_text_part(part: Any) -> bool:
+    return isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)
 
 
 def _config_template(config: Mapping[str, Any]) -> str | None:

@@ -2,8 +2,8 @@
 
 Accepts OpenAI's fields plus the vLLM extensions clients rely on (top_k, ignore_eos,
 stop_token_ids, priority, return_token_ids, continue_final_message, add_generation_prompt).
-Unknown fields are ignored, as OpenAI and vLLM do; known fields with a wrong type or value get a
-400 naming the field.
+Unknown fields are ignored, as OpenAI and vLLM do; known fields with a wrong type or value, or
+asking for a feature this worker lacks (tools, logprobs, guided decoding...), get a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class GenerateRequest:
     messages: tuple[dict[str, Any], ...] | None
     sampling: SamplingParams
     max_tokens_given: bool
+    max_tokens_param: str  # the name the client used: max_tokens or max_completion_tokens
     stream: bool
     include_usage: bool
     continuous_usage: bool
@@ -52,6 +53,49 @@ class GenerateRequest:
     add_generation_prompt: bool
     continue_final_message: bool
     model: str | None
+
+
+def _unset(value: Any) -> bool:
+    return value is None
+
+
+def _off(value: Any) -> bool:
+    """None, false or 0: the values that ask for nothing."""
+    return value is None or value is False or (_is_int(value) and value == 0)
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value == {} or value == []
+
+
+# Params this worker cannot honour: (accepts, what it accepts); only values that ask for nothing pass.
+_UNSUPPORTED_COMMON: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "logprobs": (_off, ""),
+    "top_logprobs": (_off, ""),
+    "best_of": (lambda v: v is None or (_is_int(v) and v == 1), "1"),
+    "logit_bias": (_empty, ""),
+    "use_beam_search": (_off, ""),
+    "guided_json": (_unset, ""),
+    "guided_regex": (_unset, ""),
+    "guided_choice": (_unset, ""),
+    "guided_grammar": (_unset, ""),
+    "structured_outputs": (_unset, ""),
+}
+_UNSUPPORTED_CHAT: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "echo": (_off, ""),
+    "tools": (_empty, ""),
+    "functions": (_empty, ""),
+    "function_call": (lambda v: v in (None, "none"), '"none"'),
+    "modalities": (lambda v: v is None or v == ["text"], '["text"]'),
+    "audio": (_unset, ""),
+}
+_UNSUPPORTED_COMPLETION: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "echo": (_off, ""),
+    "suffix": (lambda v: v is None or v == "", ""),
+}
+# Numeric params whose only supported value is the one that changes nothing.
+_NEUTRAL_ONLY = (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0),
+                 ("min_tokens", 0.0))
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -66,16 +110,14 @@ def parse_json(body: bytes) -> dict[str, Any]:
 
 def parse_completion(data: dict[str, Any], header_priority: int | None = None) -> GenerateRequest:
     text, token_ids = _prompt(data.get("prompt"))
-    if _get(data, "echo", bool, False):
-        raise ApiError(400, "echo is not supported", param="echo")
+    _reject_unsupported(data, _UNSUPPORTED_COMPLETION)
     return _build(data, "completion", header_priority, prompt_text=text, prompt_token_ids=token_ids,
                   default_max_tokens=16)
 
 
 def parse_chat(data: dict[str, Any], header_priority: int | None = None) -> GenerateRequest:
     messages = _messages(data.get("messages"))
-    if data.get("tools"):
-        raise ApiError(400, "tools are not supported by this worker", param="tools")
+    _reject_unsupported(data, _UNSUPPORTED_CHAT)
     continue_final = _get(data, "continue_final_message", bool, False)
     add_generation_prompt = _get(data, "add_generation_prompt", bool, not continue_final)
     if continue_final and messages[-1]["role"] != "assistant":
@@ -84,31 +126,31 @@ def parse_chat(data: dict[str, Any], header_priority: int | None = None) -> Gene
     if continue_final and add_generation_prompt:
         raise ApiError(400, "continue_final_message and add_generation_prompt cannot both be true",
                        param="add_generation_prompt")
-    max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
-    data = {**data, "max_tokens": max_tokens}
+    max_tokens_param = "max_completion_tokens" if data.get("max_completion_tokens") is not None else "max_tokens"
     return _build(data, "chat", header_priority, messages=messages, default_max_tokens=None,
-                  add_generation_prompt=add_generation_prompt, continue_final_message=continue_final)
+                  max_tokens_param=max_tokens_param, add_generation_prompt=add_generation_prompt,
+                  continue_final_message=continue_final)
 
 
 def _build(data: dict[str, Any], kind: str, header_priority: int | None, *, default_max_tokens: int | None,
            prompt_text: str | None = None, prompt_token_ids: tuple[int, ...] | None = None,
-           messages: tuple[dict[str, Any], ...] | None = None, add_generation_prompt: bool = True,
-           continue_final_message: bool = False) -> GenerateRequest:
+           messages: tuple[dict[str, Any], ...] | None = None, max_tokens_param: str = "max_tokens",
+           add_generation_prompt: bool = True, continue_final_message: bool = False) -> GenerateRequest:
     if _get(data, "n", int, 1) != 1:
         raise ApiError(400, "only n=1 is supported", param="n")
-    for unsupported in ("logprobs", "top_logprobs", "best_of", "logit_bias"):
-        if data.get(unsupported) not in (None, False, 1 if unsupported == "best_of" else None):
-            raise ApiError(400, f"{unsupported} is not supported", param=unsupported)
-    for penalty in ("presence_penalty", "frequency_penalty"):
-        if _get(data, penalty, float, 0.0) != 0.0:
-            raise ApiError(400, f"{penalty} is not supported (only 0)", param=penalty)
-    max_tokens = _get(data, "max_tokens", int, None)
+    _reject_unsupported(data, _UNSUPPORTED_COMMON)
+    _check_response_format(data.get("response_format"))
+    for param, neutral in _NEUTRAL_ONLY:
+        if _get(data, param, float, neutral) != neutral:
+            raise ApiError(400, f"{param} is not supported (only {neutral:g})", param=param)
+    max_tokens = _get(data, max_tokens_param, int, None)
     if max_tokens is not None and max_tokens < 1:
-        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
-    stream_options = _get(data, "stream_options", dict, None) or {}
+        raise ApiError(400, f"{max_tokens_param} must be at least 1, got {max_tokens}", param=max_tokens_param)
+    stream_options = _get(data, "stream_options", dict, None)
     stream = _get(data, "stream", bool, False)
-    if stream_options and not stream:
+    if stream_options is not None and not stream:
         raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
+    stream_options = stream_options or {}
     priority = _get(data, "priority", int, header_priority if header_priority is not None else 0)
     return GenerateRequest(
         kind=kind,
@@ -117,6 +159,7 @@ def _build(data: dict[str, Any], kind: str, header_priority: int | None, *, defa
         messages=messages,
         sampling=_sampling(data, max_tokens if max_tokens is not None else (default_max_tokens or 1)),
         max_tokens_given=max_tokens is not None or default_max_tokens is not None,
+        max_tokens_param=max_tokens_param,
         stream=stream,
         include_usage=_get(stream_options, "include_usage", bool, False, "stream_options.include_usage"),
         continuous_usage=_get(stream_options, "continuous_usage_stats", bool, False,
@@ -128,6 +171,25 @@ def _build(data: dict[str, Any], kind: str, header_priority: int | None, *, defa
         continue_final_message=continue_final_message,
         model=_get(data, "model", str, None),
     )
+
+
+def _reject_unsupported(data: dict[str, Any], table: dict[str, tuple[Callable[[Any], bool], str]]) -> None:
+    """400 for a param of table set to a value other than the ones that ask for nothing."""
+    for param, (accepts, accepted) in table.items():
+        if not accepts(data.get(param)):
+            raise ApiError(400, f"{param} is not supported" + (f" (only {accepted})" if accepted else ""),
+                           param=param)
+
+
+def _check_response_format(response_format: Any) -> None:
+    """Only plain text: json_object and json_schema need guided decoding, which this worker lacks."""
+    if response_format is None:
+        return
+    if not isinstance(response_format, dict) or not isinstance(response_format.get("type"), str):
+        raise ApiError(400, 'response_format must be an object with a string "type"', param="response_format")
+    if response_format["type"] != "text":
+        raise ApiError(400, f"response_format type {json.dumps(response_format['type'])[:50]} is not supported "
+                       '(only "text")', param="response_format")
 
 
 def _sampling(data: dict[str, Any], max_tokens: int) -> SamplingParams:
@@ -143,9 +205,10 @@ def _sampling(data: dict[str, Any], max_tokens: int) -> SamplingParams:
     if top_k is not None and top_k < 1:
         raise ApiError(400, f"top_k must be >= 1 (or -1 to disable), got {top_k}", param="top_k")
     stop = data.get("stop")
-    stop_strings = (stop,) if isinstance(stop, str) else tuple(_list_of(stop, str, "stop") or ())
-    if len(stop_strings) > MAX_STOP_STRINGS or any(not s for s in stop_strings):
-        raise ApiError(400, f"stop must be at most {MAX_STOP_STRINGS} non-empty strings", param="stop")
+    stop_list = [stop] if isinstance(stop, str) else _list_of(stop, str, "stop") or []
+    stop_strings = tuple(s for s in stop_list if s)  # an empty stop string can never match: ignored
+    if len(stop_strings) > MAX_STOP_STRINGS:
+        raise ApiError(400, f"stop must be at most {MAX_STOP_STRINGS} strings", param="stop")
     return SamplingParams(
         temperature=temperature,
         top_p=top_p,
@@ -176,22 +239,34 @@ def _prompt(prompt: Any) -> tuple[str | None, tuple[int, ...] | None]:
     raise ApiError(400, "prompt must be a non-empty string or a non-empty list of token ids", param="prompt")
 
 
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
 def _messages(messages: Any) -> tuple[dict[str, Any], ...]:
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list", param="messages")
-    result = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise ApiError(400, f"messages[{i}] must be an object", param=f"messages[{i}]")
-        role = message.get("role")
-        if role not in ("system", "developer", "user", "assistant", "tool"):
-            raise ApiError(400, f"messages[{i}].role must be one of system, developer, user, assistant, tool",
-                           param=f"messages[{i}].role")
-        result.append({**message, "content": _content_text(message.get("content"), i)})
-    return tuple(result)
+    return tuple(_message(message, i) for i, message in enumerate(messages))
+
+
+def _message(message: Any, i: int) -> dict[str, Any]:
+    """The message as the template sees it: content as text, and developer (OpenAI's newer name for
+    system instructions) as system. router/tokenization.py renders messages the same way."""
+    if not isinstance(message, dict):
+        raise ApiError(400, f"messages[{i}] must be an object", param=f"messages[{i}]")
+    role = message.get("role")
+    if role is None:
+        raise ApiError(400, f"messages[{i}].role is required", param=f"messages[{i}].role")
+    if role not in _ROLES:
+        raise ApiError(400, f"messages[{i}].role must be one of {', '.join(_ROLES)}", param=f"messages[{i}].role")
+    content = message.get("content")
+    calls = role == "assistant" and (message.get("tool_calls") or message.get("function_call"))
+    if content is None and not calls:
+        raise ApiError(400, f"messages[{i}].content is required", param=f"messages[{i}].content")
+    return {**message, "role": "system" if role == "developer" else role, "content": _content_text(content, i)}
 
 
 def _content_text(content: Any, i: int) -> str:
+    """A string, None (an assistant message with tool calls) or text parts joined by newlines, as vLLM does."""
     if isinstance(content, str):
         return content
     if content is None:
@@ -203,7 +278,7 @@ def _content_text(content: Any, i: int) -> str:
                 raise ApiError(400, f"messages[{i}].content: only text parts are supported",
                                param=f"messages[{i}].content")
             parts.append(part["text"])
-        return "".join(parts)
+        return "\n".join(parts)
     raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts",
                    param=f"messages[{i}].content")
 

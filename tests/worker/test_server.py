@@ -130,6 +130,32 @@ def test_continue_final_message_extends_the_assistant_text(client):
     assert head + rest.choices[0].message.content == text
 
 
+def test_text_parts_and_developer_role_render_as_joined_text_and_system(worker_url):
+    def prompt_ids(messages):
+        body = {"model": "tiny", "messages": messages, "max_tokens": 1, "return_token_ids": True}
+        response = httpx.post(f"{worker_url}/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+        return response.json()["prompt_token_ids"]
+
+    parts = [{"type": "text", "text": "What is"}, {"type": "text", "text": "2+2?"}]
+    as_parts = prompt_ids([{"role": "developer", "content": "Be brief."}, {"role": "user", "content": parts}])
+    as_text = prompt_ids([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is\n2+2?"}])
+    assert as_parts == as_text
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "fox " * 600}]}, "messages"),
+    ("/v1/completions", {"prompt": "fox " * 600}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 100000},
+     "max_completion_tokens"),
+], ids=["chat-prompt", "completion-prompt", "chat-max-completion-tokens"])
+def test_context_length_error_names_the_param_the_client_sent(worker_url, path, body, param):
+    response = httpx.post(f"{worker_url}{path}", json={"model": "tiny", **body})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("context_length_exceeded", param)
+
+
 def test_priority_header_and_body_field_are_accepted(worker_url):
     body = {"model": "tiny", "prompt": "Hello", "max_tokens": 2, "priority": -5}
     assert httpx.post(f"{worker_url}/v1/completions", json=body).status_code == 200
@@ -160,6 +186,11 @@ BAD_INPUT = [
     ("message-bad-role", "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "robot", "content": "x"}]},
      400, "invalid_request_error"),
     ("messages-not-list", "/v1/chat/completions", {"model": "tiny", "messages": "hi"}, 400, "invalid_request_error"),
+    ("message-without-content", "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user"}]}, 400,
+     "invalid_request_error"),
+    ("json-response-format", "/v1/chat/completions",
+     {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+     400, "invalid_request_error"),
     ("template-rejects-role", "/v1/chat/completions",
      {"model": "tiny", "messages": [{"role": "tool", "content": "x"}]}, 400, "invalid_request_error"),
     ("unknown-model", "/v1/completions", {"model": "gpt-9", "prompt": "hi"}, 404, "NotFoundError"),
