@@ -71,6 +71,7 @@ class Session:
         self.first_token_s: float | None = None
         self.last_token_s: float | None = None
         self.delivered_tokens_at_failover = 0
+        self.token_ids: list[int] = []
         self._budget = core.budgets[req.pool]
 
     # -- before the first byte ---------------------------------------------------------------
@@ -226,6 +227,9 @@ class Session:
         if text:
             self._mark_token()
             self.text += text
+        token_ids = choice.get("token_ids")  # vLLM's return_token_ids, for the assembled answer
+        if token_ids:
+            self.token_ids.extend(token_ids)
         if self.failovers == 0:
             return [event.raw]
         rewritten = {**payload, **self._envelope()}
@@ -311,6 +315,11 @@ class Session:
                 "model": first.get("model", self.req.model), "choices": [choice]}
         if "system_fingerprint" in first:
             body["system_fingerprint"] = first["system_fingerprint"]
+        prompt_ids = first.get("prompt_token_ids") or (first.get("choices") or [{}])[0].get("prompt_token_ids")
+        if prompt_ids is not None:  # where the worker puts them in its own non-streaming answer
+            (body if self.req.kind == "chat" else choice)["prompt_token_ids"] = prompt_ids
+        if self.token_ids:
+            choice["token_ids"] = self.token_ids
         if usage is not None:
             body["usage"] = usage
         return body

@@ -164,14 +164,15 @@ def _fit_context(state: WorkerState, req: GenerateRequest, num_prompt_tokens: in
     room = state.max_model_len - num_prompt_tokens
     if room < 1:
         raise ApiError(400, f"This model's maximum context length is {state.max_model_len} tokens. However, "
-                       f"your prompt has {num_prompt_tokens} tokens.", param="prompt", code="context_length_exceeded")
+                       f"your prompt has {num_prompt_tokens} tokens.",
+                       param="messages" if req.kind == "chat" else "prompt", code="context_length_exceeded")
     if not req.max_tokens_given:
         return dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, max_tokens=room))
     if req.sampling.max_tokens > room:
         raise ApiError(400, f"This model's maximum context length is {state.max_model_len} tokens. However, you "
                        f"requested {num_prompt_tokens + req.sampling.max_tokens} tokens ({num_prompt_tokens} in the "
                        f"prompt, {req.sampling.max_tokens} for the completion). Please reduce the prompt or "
-                       "max_tokens.", param="max_tokens", code="context_length_exceeded")
+                       f"{req.max_tokens_param}.", param=req.max_tokens_param, code="context_length_exceeded")
     return req
 
 
@@ -242,6 +243,7 @@ class _Shaper:
         self.model = state.served_model_name
         self.fingerprint = f"kvgate-{state.executor_name}"
         self.is_chat = req.kind == "chat"
+        self._prompt_ids_sent = False  # completions streams carry them in their first chunk (vLLM's place)
 
     def _envelope(self, object_: str) -> dict[str, Any]:
         return {"id": self.request_id, "object": object_, "created": self.created, "model": self.model,
@@ -285,6 +287,9 @@ class _Shaper:
         if output.new_text or reason is not None or (self.req.return_token_ids and output.new_token_ids):
             delta: Any = {"content": output.new_text} if self.is_chat else output.new_text
             chunk = self._chunk(delta, reason, output.new_token_ids if self.req.return_token_ids else None)
+            if self.req.return_token_ids and not self.is_chat and not self._prompt_ids_sent:
+                chunk["choices"][0]["prompt_token_ids"] = self.prompt_ids
+                self._prompt_ids_sent = True
             if self.req.include_usage:
                 chunk["usage"] = self.usage(output) if self.req.continuous_usage else None
             chunks.append(chunk)

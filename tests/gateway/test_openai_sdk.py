@@ -129,3 +129,29 @@ def test_index_size_is_exported_once_kv_events_arrive(client, fleet):
         assert time.monotonic() < deadline, "no kvgate_kv_index_blocks for the worker that served the request"
         time.sleep(0.2)
     assert metric_value(fleet["gateway"].url, "kvgate_kv_index_bytes") > 0
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_return_token_ids_survive_the_assembled_answer(client, direct, kind):
+    """vLLM's return_token_ids: the gateway assembles non-streaming answers from a stream, and
+    the ids must come out where the worker's own non-streaming answer puts them."""
+    args = dict(model=MODEL, max_tokens=6, temperature=0, extra_body={"ignore_eos": True, "return_token_ids": True})
+    if kind == "chat":
+        call = lambda c: c.chat.completions.create(messages=[{"role": "user", "content": "Hi"}], **args)  # noqa: E731
+    else:
+        call = lambda c: c.completions.create(prompt="The quick brown fox", **args)  # noqa: E731
+    via_gateway, from_worker = call(client).model_dump(), call(direct).model_dump()
+    holder = (lambda body: body) if kind == "chat" else (lambda body: body["choices"][0])
+    assert holder(via_gateway)["prompt_token_ids"] == holder(from_worker)["prompt_token_ids"]
+    assert via_gateway["choices"][0]["token_ids"] == from_worker["choices"][0]["token_ids"]
+    assert len(via_gateway["choices"][0]["token_ids"]) == 6
+
+
+def test_content_parts_and_the_developer_role_pass_through_routing(client, direct):
+    """The router renders the conversation as the worker does (its block keys depend on it)."""
+    messages = [{"role": "developer", "content": "Answer briefly."},
+                {"role": "user", "content": [{"type": "text", "text": "What is"}, {"type": "text", "text": "2+2?"}]}]
+    via_gateway = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, **GREEDY)
+    from_worker = direct.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, **GREEDY)
+    assert via_gateway.choices[0].message.content == from_worker.choices[0].message.content
+    assert via_gateway.usage.prompt_tokens == from_worker.usage.prompt_tokens
