@@ -27,7 +27,7 @@ def build_middleware(core: GatewayCore, keys: KeyStore) -> list[Middleware]:
     endpoints, reached without Starlette's router (every other path goes on to it)."""
     return [
         Middleware(RequestContextMiddleware),
-        Middleware(AuthMiddleware, keys=keys),
+        Middleware(AuthMiddleware, keys=keys, metrics=core.metrics),
         Middleware(LimitsMiddleware, limits=core.config.limits),
         Middleware(AdmissionMiddleware),
         Middleware(CompletionPaths),

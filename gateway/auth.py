@@ -19,10 +19,12 @@ from kvgate.keys import REDIS_KEYS_HASH, hash_key
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import GatewayError
+from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("kvgate.gateway")
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+UNAUTHENTICATED_TENANT = "unauthenticated"  # the tenant label of requests refused with 401
 _REDIS_CACHE_TTL_S = 30.0
 _REDIS_NEGATIVE_TTL_S = 2.0
 _MAX_REMEMBERED_DIGESTS = 4096
@@ -95,9 +97,10 @@ def presented_key(headers: list[tuple[bytes, bytes]]) -> str | None:
 class AuthMiddleware:
     """Rejects requests to the API without a known key (401); sets scope['state']['tenant']."""
 
-    def __init__(self, app: ASGIApp, keys: KeyStore) -> None:
+    def __init__(self, app: ASGIApp, keys: KeyStore, metrics: GatewayMetrics | None = None) -> None:
         self.app = app
         self.keys = keys
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
@@ -109,6 +112,8 @@ class AuthMiddleware:
             message = ("Missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`." if key is None
                        else "Incorrect API key provided.")
             error = GatewayError(401, message, "authentication_error", code="invalid_api_key")
+            if self.metrics is not None:  # counted, so error-ratio panels see refused clients too
+                self.metrics.child(self.metrics.requests, UNAUTHENTICATED_TENANT, "unknown", "401").inc()
             await error.response({"www-authenticate": "Bearer"})(scope, receive, send)
             return
         scope.setdefault("state", {})["tenant"] = tenant

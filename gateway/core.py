@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -18,6 +19,8 @@ from kvgate.config import ConfigError, KvgateConfig, PoolConfig
 from router.policy_config import PolicyConfigError, PolicyStore, RoutingPolicies, load_policies
 from router.router import Router, WorkerSpec
 from router.tokenization import RoutingTokenizer
+
+log = logging.getLogger("kvgate.gateway")
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default, for remote workers that say nothing else
 
@@ -43,6 +46,7 @@ class GatewayCore:
         budget_config = RetryBudgetConfig(ratio=up.retry_budget_ratio, min_retries_per_s=up.retry_budget_min_per_s)
         self.budgets = {pool: RetryBudget(budget_config) for pool in config.pools}
         self.models = {pool.model: name for name, pool in config.pools.items()}
+        self.metrics.start_series(config.pools, self.fleet.workers)
         self.redis = _redis_client(config.redis.url)
 
     async def start(self) -> None:
@@ -76,8 +80,18 @@ class GatewayCore:
         return tokenizer.encode_text if tokenizer is not None and tokenizer.mode == "exact" else None
 
     def maybe_reload_policies(self) -> None:
-        if isinstance(self.policies, PolicyStore):
-            self.policies.maybe_reload()
+        """Install the policy file's new rules if it changed (or SIGHUP asked); a bad file keeps the
+        old rules, and says so in the log and in kvgate_policy_reloads_total{outcome="error"}."""
+        store = self.policies
+        if not isinstance(store, PolicyStore):
+            return
+        failures = store.reload_failures
+        if store.maybe_reload():
+            log.info("routing policies reloaded from %s (version %d)", store.path, store.version)
+            self.metrics.policy_reloads.labels(outcome="ok").inc()
+        elif store.reload_failures != failures:
+            log.warning("routing policies not reloaded, the previous rules stay: %s", store.last_error)
+            self.metrics.policy_reloads.labels(outcome="error").inc()
 
 
 def _redis_client(url: str | None):

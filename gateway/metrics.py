@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+
+disable_created_metrics()  # no `_created` series beside every counter: scrape noise no dashboard reads
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.2, 0.5, 1.0, 2.5)
@@ -55,8 +59,21 @@ class GatewayMetrics:
                                      ["worker"], registry=r)
         self.kv_index_bytes = Gauge("kvgate_kv_index_bytes", "Approximate memory of the KV index (both layers).",
                                     registry=r)
+        self.policy_reloads = Counter("kvgate_policy_reloads", "Routing-policy file reloads, by outcome.",
+                                      ["outcome"], registry=r)
 
         self._children: dict[tuple, object] = {}
+
+    def start_series(self, pools: Iterable[str], workers: Iterable[str]) -> None:
+        """Create the per-pool and per-worker counters at 0, so a dashboard shows 0 (not "no data")
+        until the first retry, failover or ejection."""
+        for pool in pools:
+            for counter in (self.retries, self.budget_refusals, self.failovers):
+                counter.labels(pool=pool)
+        for worker in workers:
+            self.ejections.labels(worker=worker)
+        for outcome in ("ok", "error"):
+            self.policy_reloads.labels(outcome=outcome)
 
     def child(self, metric, *label_values: str):
         """metric.labels(*label_values), remembered: prometheus' own lookup locks and validates each call."""

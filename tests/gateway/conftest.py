@@ -5,6 +5,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.processes import gateway_process, running, worker_process
@@ -19,6 +20,17 @@ BLOCK_SIZE = 8
 def gateway_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Speaks only plain words, so mid-stream failover can continue from the delivered text exactly."""
     return build_model_dir(tmp_path_factory.mktemp("gateway-tiny-llama"), plain_words=True)
+
+
+def metric_value(gateway_url: str, name: str, **labels: str) -> float:
+    text = httpx.get(f"{gateway_url}/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def worker_entry(name: str, url: str, **extra) -> dict:

@@ -11,7 +11,7 @@ import pytest
 from gateway.auth import KeyStore
 from kvgate.config import ApiKeyConfig, AuthConfig
 from kvgate.keys import generate_key, hash_key
-from tests.gateway.conftest import API_KEY, MODEL
+from tests.gateway.conftest import API_KEY, MODEL, metric_value
 
 BODY = {"model": MODEL, "prompt": "hello", "max_tokens": 1}
 
@@ -44,6 +44,13 @@ def test_requests_without_a_valid_key_get_401_in_openai_shape(fleet, headers, qu
 def test_a_valid_key_is_accepted(fleet, headers):
     response = httpx.post(f"{fleet['gateway'].url}/v1/completions", json=BODY, headers=headers, timeout=30)
     assert response.status_code == 200
+
+
+def test_refused_requests_are_counted_under_no_tenant(fleet):
+    url = fleet["gateway"].url
+    before = metric_value(url, "kvgate_requests_total", tenant="unauthenticated", status="401")
+    assert httpx.post(f"{url}/v1/completions", json=BODY, headers={"x-api-key": "wrong"}).status_code == 401
+    assert metric_value(url, "kvgate_requests_total", tenant="unauthenticated", status="401") == before + 1
 
 
 def test_health_and_metrics_need_no_key_and_never_show_one(fleet):

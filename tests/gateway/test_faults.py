@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import signal
 import time
 from contextlib import ExitStack
@@ -11,23 +10,11 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
-from tests.conftest import free_port
-from tests.gateway.conftest import (API_KEY, MODEL, gateway_config, start_gateway, start_tiny_worker,
-                                    worker_entry)
+from tests.gateway.conftest import (API_KEY, MODEL, gateway_config, metric_value, start_gateway,
+                                    start_tiny_worker, worker_entry)
 from tests.processes import fake_worker_process, running
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-
-
-def metric_value(gateway_url: str, name: str, **labels: str) -> float:
-    text = httpx.get(f"{gateway_url}/metrics").text
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def stream_text(response: httpx.Response, on_chunk=None) -> tuple[str, list[dict]]:

@@ -152,3 +152,17 @@ def _wait_for(predicate, timeout_s: float = 10.0) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def test_per_pool_and_per_worker_counters_exist_at_zero_from_the_start(tmp_path):
+    """Dashboards show 0 retries, failovers and ejections, not "no data", before the first one."""
+    with ExitStack() as stack:
+        worker = stack.enter_context(running(fake_worker_process("answer")))
+        gateway = start_gateway(stack, gateway_config([worker_entry("w", worker.url)], None), tmp_path)
+        text = httpx.get(f"{gateway.url}/metrics").text
+        for series in ('kvgate_upstream_retries_total{pool="default"} 0.0',
+                       'kvgate_retry_budget_refusals_total{pool="default"} 0.0',
+                       'kvgate_failovers_total{pool="default"} 0.0',
+                       'kvgate_worker_ejections_total{worker="w"} 0.0'):
+            assert series in text
+        assert "_created" not in text
