@@ -39,6 +39,10 @@ class WorkerLoad:
     waiting + running): other gateways' requests count too. It is a stored field, not a property
     (policies read it for every candidate of every decision), so whatever changes the request
     counts calls count_requests() after.
+
+    The scraped counts are a snapshot up to a scrape interval old; our own requests move them on
+    in between (a first token takes one from waiting to running, a finish takes one off), so a
+    request that has just finished does not keep its worker looking busy until the next scrape.
     """
 
     in_flight_requests: int = 0
@@ -124,6 +128,10 @@ class LoadView:
             return None
         load.prefill_tokens_queued -= flight.prefill_tokens
         load.decode_seqs_running += 1
+        if load.scraped_waiting_requests:
+            load.scraped_waiting_requests -= 1
+        if load.scraped_running_requests is not None:
+            load.scraped_running_requests += 1
         elapsed_s = now - flight.dispatched_at
         work = flight.tokens_ahead + flight.prefill_tokens
         if flight.prefill_tokens > 0 and work >= self.priors.min_rate_sample_tokens and elapsed_s > 0:
@@ -137,10 +145,15 @@ class LoadView:
         if flight is None or load is None:
             return
         load.in_flight_requests -= 1
-        load.count_requests()
         if flight.first_token_at is None:
+            if load.scraped_waiting_requests:
+                load.scraped_waiting_requests -= 1
+            load.count_requests()
             load.prefill_tokens_queued -= flight.prefill_tokens
             return
+        if load.scraped_running_requests:
+            load.scraped_running_requests -= 1
+        load.count_requests()
         load.decode_seqs_running -= 1
         elapsed_s = self._clock() - flight.first_token_at
         if output_tokens > 1 and elapsed_s > 0:

@@ -93,3 +93,18 @@ def test_num_requests_follows_every_change_of_the_counts() -> None:
     loads.on_finish("a")
     assert loads.get("w0").num_requests == 1
     assert WorkerLoad(in_flight_requests=2, scraped_waiting_requests=5).num_requests == 5
+
+
+def test_our_own_requests_move_the_scraped_snapshot_on_until_the_next_scrape(loads: LoadView) -> None:
+    """Scraped while r1 waited: its first token and finish update the snapshot, so a worker whose
+    only request just finished does not look busy for up to a scrape interval."""
+    loads.on_dispatch("w0", "r1", prefill_tokens=10)
+    loads.set_scraped("w0", waiting_requests=2, running_requests=0)  # r1 and another gateway's request
+    loads.on_first_token("r1")
+    load = loads.get("w0")
+    assert (load.scraped_waiting_requests, load.scraped_running_requests, load.num_requests) == (1, 1, 2)
+    loads.on_finish("r1", output_tokens=4)
+    assert (load.scraped_waiting_requests, load.scraped_running_requests, load.num_requests) == (1, 0, 1)
+    loads.on_dispatch("w0", "r2", prefill_tokens=10)
+    loads.on_finish("r2")  # failed before its first token
+    assert (load.scraped_waiting_requests, load.num_requests) == (0, 0)
