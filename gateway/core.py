@@ -134,8 +134,8 @@ def _routing_policies(config: KvgateConfig) -> PolicyStore | RoutingPolicies:
     rules = [_pool_rule(name, pool) for name, pool in config.pools.items()]
     try:
         return load_policies(yaml.safe_dump({"rules": rules}), known_pools=list(config.pools))
-    except PolicyConfigError as exc:
-        raise ConfigError("pools", _pool_path(str(exc), list(config.pools))) from None
+    except PolicyConfigError as exc:  # the loader checks each pool's policy first: a bug if reached
+        raise ConfigError("", _pool_path(str(exc), list(config.pools))) from None
 
 
 def _pool_rule(name: str, pool: PoolConfig) -> dict:
@@ -144,9 +144,9 @@ def _pool_rule(name: str, pool: PoolConfig) -> dict:
 
 
 def _pool_path(message: str, pools: list[str]) -> str:
-    """Point `rules[i].policy...` errors at the pool the user wrote: `<pool>.policy...`."""
+    """Point `rules[i].policy...` errors at the pool the user wrote: `pools.<pool>.policy...`."""
     for i, pool in enumerate(pools):
         prefix = f"rules[{i}]."
         if message.startswith(prefix):
-            return f"{pool}.{message[len(prefix):]}"
-    return message
+            return f"pools.{pool}.{message[len(prefix):]}"
+    return f"pools: {message}"

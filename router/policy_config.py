@@ -75,7 +75,7 @@ def load_policies(text: str, *, known_pools: Collection[str] | None = None) -> R
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise PolicyConfigError(f"not valid YAML: {exc}") from None
+        raise PolicyConfigError(_yaml_error_message(exc)) from None
     _require_map(doc, "(top level)", _TOP_KEYS)
     raw_rules = doc.get("rules")
     if not isinstance(raw_rules, list) or not raw_rules:
@@ -89,6 +89,14 @@ def load_policies(text: str, *, known_pools: Collection[str] | None = None) -> R
         seen[rule.name] = i
         rules.append(rule)
     return RoutingPolicies(tuple(rules))
+
+
+def _yaml_error_message(exc: yaml.YAMLError) -> str:
+    """A YAML syntax error on one line: `not valid YAML at line 3, column 7: <problem>`."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"not valid YAML{where}: {problem}"
 
 
 def _rule(raw: Any, path: str, known_pools: Collection[str] | None) -> RoutingRule:
@@ -162,7 +170,10 @@ def _pool(value: Any, path: str, known_pools: Collection[str] | None) -> str:
 
 
 class PolicyStore:
-    """The current policies from a file; reloads on SIGHUP or mtime change, keeps the old on error."""
+    """The current policies from a file; reloads on SIGHUP or mtime change, keeps the old on error.
+
+    Its errors read `<file>: <yaml.path>: <problem>`.
+    """
 
     def __init__(self, path: str | Path, *, known_pools: Collection[str] | None = None) -> None:
         self.path = Path(path)
@@ -194,14 +205,21 @@ class PolicyStore:
         self._stamp = stamp
         try:
             self.policies = self._load()
-        except (OSError, PolicyConfigError) as exc:
+        except PolicyConfigError as exc:
             self.reload_failures += 1
-            self.last_error = f"{self.path}: {exc}"
+            self.last_error = str(exc)
             return False
         return True
 
     def _load(self) -> RoutingPolicies:
-        policies = load_policies(self.path.read_text(encoding="utf-8"), known_pools=self.known_pools)
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise PolicyConfigError(f"{self.path}: cannot read the file: {exc.strerror}") from None
+        try:
+            policies = load_policies(text, known_pools=self.known_pools)
+        except PolicyConfigError as exc:
+            raise PolicyConfigError(f"{self.path}: {exc}") from None
         self.version += 1
         self.last_error = None
         return policies

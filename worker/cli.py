@@ -28,6 +28,20 @@ SIM_DEFAULT_MAX_MODEL_LEN = 32768
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.worker_id or 'worker'} %(levelname)s %(message)s")
     try:
+        publisher = _build_publisher(args)  # first: a busy port fails at once, not after loading the model
+    except (ValueError, OSError) as exc:
+        print(f"kvgate worker: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _serve(args, publisher)
+    finally:
+        if publisher is not None:
+            publisher.close()
+
+
+def _serve(args: argparse.Namespace, publisher) -> int:
+    """Load the model, start the engine loop and serve HTTP until uvicorn stops."""
+    try:
         model_dir = resolve_model_path(args.model)
         tokenizer = load_tokenizer(model_dir)
         executor = _build_executor(args, model_dir, tokenizer)
@@ -38,7 +52,6 @@ def run(args: argparse.Namespace) -> int:
     budget = {"max_num_batched_tokens": args.max_num_batched_tokens} if args.max_num_batched_tokens else {}
     config = EngineConfig(model_name=served_name, block_size=args.block_size, num_blocks=executor.num_blocks,
                           max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, **budget)
-    publisher = _build_publisher(args)
     metrics = WorkerMetrics(served_name, executor.name)
     step_events: list = []
     engine = Engine(executor, tokenizer.tokenizer, config, event_sink=step_events.append,
@@ -55,8 +68,6 @@ def run(args: argparse.Namespace) -> int:
                     timeout_graceful_shutdown=5)
     finally:
         async_engine.shutdown()
-        if publisher is not None:
-            publisher.close()
     return 0
 
 
@@ -94,6 +105,7 @@ def _default_device() -> str:
 
 
 def _build_publisher(args: argparse.Namespace):
+    """The KV-event publisher, bound; OSError when its ports are taken, ValueError for an endpoint without one."""
     if not args.kv_events_endpoint:
         return None
     from worker.kv_publisher import KVEventPublisher

@@ -72,6 +72,15 @@ def default_replay_endpoint(endpoint: str) -> str:
     return f"{match.group(1)}:{int(match.group(2)) + 1}"
 
 
+def _bind_socket(socket: zmq.Socket, endpoint: str, what: str) -> str:
+    """Bind and return the bound address; OSError with one line naming the endpoint otherwise."""
+    try:
+        socket.bind(endpoint)
+    except zmq.ZMQError as exc:
+        raise OSError(f"cannot bind {what} socket {endpoint}: {zmq.strerror(exc.errno)}") from None
+    return socket.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
 class KVEventPublisher:
     """ZMQ PUB of KV-event batches plus a ROUTER replay socket; publish() never blocks.
 
@@ -180,9 +189,8 @@ class KVEventPublisher:
         replay = context.socket(zmq.ROUTER)
         try:
             self._bind(pub, replay)
-        except zmq.ZMQError as exc:
-            self._start_error = OSError(f"cannot bind KV-event sockets ({self.endpoint}, "
-                                        f"{self.replay_endpoint}): {exc}")
+        except OSError as exc:
+            self._start_error = exc
         self._started.set()
         try:
             if self._start_error is None:
@@ -194,11 +202,9 @@ class KVEventPublisher:
 
     def _bind(self, pub: zmq.Socket, replay: zmq.Socket) -> None:
         pub.setsockopt(zmq.SNDHWM, 100_000)
-        pub.bind(self.endpoint)
-        self.endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.endpoint = _bind_socket(pub, self.endpoint, "KV-event")
         replay.setsockopt(zmq.SNDHWM, (self._buffer.maxlen or 0) + 16)
-        replay.bind(self.replay_endpoint)
-        self.replay_endpoint = replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.replay_endpoint = _bind_socket(replay, self.replay_endpoint, "KV-event replay")
 
     def _loop(self, pub: zmq.Socket, replay: zmq.Socket) -> None:
         while True:

@@ -32,17 +32,24 @@ class ConfigError(ValueError):
 
 
 def load_yaml_file(path: str | Path, cls: type[T], env: Mapping[str, str] | None = None) -> T:
-    """Read a YAML file into `cls`."""
-    file = Path(path)
+    """Read a YAML file into `cls`. Messages leave out the file name: the caller prints `<file>: <message>`."""
     try:
-        text = file.read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError("", f"cannot read config file {file}: {exc.strerror}") from None
+        raise ConfigError("", f"cannot read the file: {exc.strerror}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError("", f"{file} is not valid YAML: {exc}") from None
+        raise ConfigError("", _yaml_error_message(exc)) from None
     return build(cls, {} if data is None else data, env=env)
+
+
+def _yaml_error_message(exc: yaml.YAMLError) -> str:
+    """A YAML syntax error on one line: `not valid YAML at line 3, column 7: <problem>`."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"not valid YAML{where}: {problem}"
 
 
 def build(cls: type[T], data: Any, path: str = "", env: Mapping[str, str] | None = None) -> T:

@@ -9,23 +9,37 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import urlparse
+from urllib.parse import ParseResult, urlparse
 
 from kvgate.config.loader import ConfigError
+from router.policies import build_params
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+# The bundled worker binds its KV-event replay socket on the event port + 1, and the gateway
+# subscribes there (worker/kv_publisher.py default_replay_endpoint, gateway/fleet.py replay_endpoint).
+REPLAY_PORT_OFFSET = 1
+
+
+def _has_bad_port(parsed: ParseResult) -> bool:
+    """True for a port that is not a number in 0..65535 (urlparse checks only when .port is read)."""
+    try:
+        parsed.port
+    except ValueError:
+        return True
+    return False
 
 
 def _check_http_url(url: str) -> None:
     parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or _has_bad_port(parsed):
         raise ConfigError("url", "not an http(s) URL")
 
 
 def _check_zmq_endpoint(endpoint: str, key: str) -> None:
     parsed = urlparse(endpoint)
-    if parsed.scheme not in ("tcp", "ipc") or (parsed.scheme == "tcp" and not parsed.port):
+    bad_tcp = parsed.scheme == "tcp" and (_has_bad_port(parsed) or not parsed.port)
+    if parsed.scheme not in ("tcp", "ipc") or bad_tcp:
         raise ConfigError(key, "not a ZMQ endpoint like tcp://HOST:PORT")
 
 
@@ -154,14 +168,41 @@ class WorkerConfig:
         _check_positive(self.num_blocks, "num_blocks")
         if self.kv_events_endpoint is not None:
             _check_zmq_endpoint(self.kv_events_endpoint, "kv_events_endpoint")
+            self._check_kv_events_port()
         if self.launch is not None:
             host = urlparse(self.url).hostname
             if host not in ("127.0.0.1", "localhost", "::1") or urlparse(self.url).port is None:
                 raise ConfigError("launch", "only workers at http://127.0.0.1:PORT can be launched")
 
+    def _check_kv_events_port(self) -> None:
+        """The replay socket needs PORT + 1: a launched worker needs tcp://, and PORT + 1 must exist."""
+        kv_port = self.kv_events_port
+        if kv_port is None and self.launch is not None:
+            raise ConfigError("kv_events_endpoint", "a launched worker needs tcp://HOST:PORT "
+                              f"(it binds its replay socket on PORT + {REPLAY_PORT_OFFSET})")
+        if kv_port is not None and kv_port + REPLAY_PORT_OFFSET > 65535:
+            raise ConfigError("kv_events_endpoint", f"port {kv_port} leaves no port for the replay socket "
+                              f"(PORT + {REPLAY_PORT_OFFSET})")
+
     @property
     def port(self) -> int | None:
         return urlparse(self.url).port
+
+    @property
+    def kv_events_port(self) -> int | None:
+        """The port of a tcp:// KV-event endpoint; None for ipc:// or no endpoint."""
+        if self.kv_events_endpoint is None or urlparse(self.kv_events_endpoint).scheme != "tcp":
+            return None
+        return urlparse(self.kv_events_endpoint).port
+
+    def bound_ports(self) -> list[tuple[int, str, str]]:
+        """(port, YAML key, note) for each socket this worker binds when launched: HTTP, KV events, replay."""
+        ports = [] if self.port is None else [(self.port, "url", "")]
+        if self.kv_events_port is not None:
+            ports.append((self.kv_events_port, "kv_events_endpoint", ""))
+            ports.append((self.kv_events_port + REPLAY_PORT_OFFSET, "kv_events_endpoint",
+                          f" (replay socket, PORT + {REPLAY_PORT_OFFSET})"))
+        return ports
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,10 +263,17 @@ class RoutingConfig:
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
-    """The routing policy for a pool: a type name and its parameters (checked by the router)."""
+    """The routing policy for a pool: a type name and its parameters (checked against the router's table)."""
 
     type: str = "kv_aware"
     parameters: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        try:
+            build_params(self.type, self.parameters)
+        except ValueError as exc:  # build_params says "type: why" or "parameters.NAME: why"
+            key, _, problem = str(exc).partition(": ")
+            raise ConfigError(key, problem) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +286,8 @@ class PoolConfig:
     tokenizer: str | None = None
 
     def __post_init__(self) -> None:
+        if not self.model:
+            raise ConfigError("model", "must be a non-empty string")
         if not self.workers:
             raise ConfigError("workers", "at least one worker is required")
 
@@ -263,21 +313,35 @@ class KvgateConfig:
         for pool_name in self.pools:
             if not _NAME.match(pool_name):
                 raise ConfigError(f"pools.{pool_name}", "pool names must be letters, digits, '.', '_' or '-'")
-        self._check_unique_workers()
+        self._check_unique_names()
+        self._check_unique_ports()
 
-    def _check_unique_workers(self) -> None:
+    def _workers_at(self) -> list[tuple[str, WorkerConfig]]:
+        """(YAML path, worker) for every worker, in file order."""
+        return [(f"pools.{pool_name}.workers[{i}]", worker)
+                for pool_name, pool in self.pools.items() for i, worker in enumerate(pool.workers)]
+
+    def _check_unique_names(self) -> None:
         names: dict[str, str] = {}
-        ports: dict[int, str] = {}
-        for pool_name, pool in self.pools.items():
-            for i, worker in enumerate(pool.workers):
-                where = f"pools.{pool_name}.workers[{i}]"
-                if worker.name in names:
-                    raise ConfigError(f"{where}.name", f"worker name {worker.name!r} also used at {names[worker.name]}")
-                names[worker.name] = where
-                if worker.launch is not None and worker.port is not None:
-                    if worker.port in ports or worker.port == self.gateway.port:
-                        raise ConfigError(f"{where}.url", f"port {worker.port} is already used")
-                    ports[worker.port] = where
+        for where, worker in self._workers_at():
+            if worker.name in names:
+                raise ConfigError(f"{where}.name", f"worker name {worker.name!r} also used at {names[worker.name]}")
+            names[worker.name] = where
+
+    def _check_unique_ports(self) -> None:
+        """One socket per port among the gateway and the launched workers' HTTP, KV-event and replay ports.
+
+        They all bind on this machine, so a port clashes whichever local host (127.0.0.1, localhost,
+        0.0.0.0, *) each endpoint names.
+        """
+        users = {self.gateway.port: "gateway.port"}
+        for where, worker in self._workers_at():
+            if worker.launch is None:
+                continue
+            for port, key, note in worker.bound_ports():
+                if port in users:
+                    raise ConfigError(f"{where}.{key}", f"port {port}{note} is already used by {users[port]}")
+                users[port] = f"{where}.{key}{note}"
 
     def launched_workers(self) -> list[WorkerConfig]:
         return [w for pool in self.pools.values() for w in pool.workers if w.launch is not None]

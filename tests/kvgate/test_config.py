@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.config import ConfigError, KvgateConfig, load_config
+from kvgate.cli import main
+from kvgate.config import ConfigError, KvgateConfig, WorkerConfig, load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -109,7 +110,31 @@ BAD = [
      "redis.url: environment variable NO_SUCH_VAR is not set"),
     ("port-clash",
      "pools: {default: {model: m, workers: [{name: a, url: 'http://127.0.0.1:8000', launch: {}}]}}",
-     "pools.default.workers[0].url: port 8000 is already used"),
+     "pools.default.workers[0].url: port 8000 is already used by gateway.port"),
+    ("unknown-pool-policy-type",
+     f"pools: {{default: {{model: m, workers: [{WORKER}], policy: {{type: fastest}}}}}}",
+     "pools.default.policy.type: unknown policy type 'fastest' (known: kv_aware, least_load, power_of_two, "
+     "prefix_approx, random, round_robin, session_affinity)"),
+    ("unknown-pool-policy-parameter",
+     f"pools: {{default: {{model: m, workers: [{WORKER}], policy: {{type: least_load, parameters: {{slack: 1}}}}}}}}",
+     "pools.default.policy.parameters.slack: unknown parameter"),
+    ("bad-pool-policy-parameter",
+     f"pools: {{default: {{model: m, workers: [{WORKER}], policy: {{parameters: {{slack: -0.5}}}}}}}}",
+     "pools.default.policy.parameters.slack: must be >= 0, got -0.5"),
+    ("empty-model",
+     f"pools: {{default: {{model: '', workers: [{WORKER}]}}}}",
+     "pools.default.model: must be a non-empty string"),
+    ("kv-endpoint-port-not-a-number",
+     "pools: {default: {model: m, workers: [{name: a, url: 'http://127.0.0.1:9', kv_events_endpoint: 'tcp://h:*'}]}}",
+     "pools.default.workers[0].kv_events_endpoint: not a ZMQ endpoint like tcp://HOST:PORT"),
+    ("kv-endpoint-without-a-replay-port",
+     "pools: {default: {model: m, workers: [{name: a, url: 'http://h:9', kv_events_endpoint: 'tcp://h:65535'}]}}",
+     "pools.default.workers[0].kv_events_endpoint: port 65535 leaves no port for the replay socket (PORT + 1)"),
+    ("launched-kv-endpoint-over-ipc",
+     "pools: {default: {model: m, workers: [{name: a, url: 'http://127.0.0.1:9', launch: {},"
+     " kv_events_endpoint: 'ipc:///tmp/kv.sock'}]}}",
+     "pools.default.workers[0].kv_events_endpoint: a launched worker needs tcp://HOST:PORT "
+     "(it binds its replay socket on PORT + 1)"),
     ("not-a-mapping",
      "- just\n- a list\n",
      "expected a mapping, got a list"),
@@ -123,11 +148,109 @@ def test_bad_config_names_the_yaml_path(tmp_path, text, message):
     assert str(info.value) == message
 
 
-def test_invalid_yaml_and_missing_file_are_clear(tmp_path):
-    with pytest.raises(ConfigError, match="is not valid YAML"):
+def launched(name: str, port: int, kv_events_endpoint: str | None = None) -> str:
+    kv = f", kv_events_endpoint: '{kv_events_endpoint}'" if kv_events_endpoint else ""
+    return f"{{name: {name}, url: 'http://127.0.0.1:{port}', launch: {{executor: sim}}{kv}}}"
+
+
+def pools_of(*workers: str) -> str:
+    return f"pools: {{default: {{model: m, workers: [{', '.join(workers)}]}}}}"
+
+
+W0 = "pools.default.workers[0]"
+W1 = "pools.default.workers[1]"
+
+PORT_CLASHES = [
+    ("kv-port-on-another-workers-replay-port",
+     pools_of(launched("w0", 8711, "tcp://127.0.0.1:8721"), launched("w1", 8712, "tcp://127.0.0.1:8722")),
+     f"{W1}.kv_events_endpoint: port 8722 is already used by {W0}.kv_events_endpoint (replay socket, PORT + 1)"),
+    ("replay-port-on-another-workers-kv-port",
+     pools_of(launched("w0", 8711, "tcp://127.0.0.1:8722"), launched("w1", 8712, "tcp://127.0.0.1:8721")),
+     f"{W1}.kv_events_endpoint: port 8722 (replay socket, PORT + 1) is already used by {W0}.kv_events_endpoint"),
+    ("same-kv-port-under-other-local-host-names",
+     pools_of(launched("w0", 8711, "tcp://0.0.0.0:8721"), launched("w1", 8712, "tcp://localhost:8721")),
+     f"{W1}.kv_events_endpoint: port 8721 is already used by {W0}.kv_events_endpoint"),
+    ("kv-port-on-another-workers-http-port",
+     pools_of(launched("w0", 8721), launched("w1", 8712, "tcp://127.0.0.1:8721")),
+     f"{W1}.kv_events_endpoint: port 8721 is already used by {W0}.url"),
+    ("http-port-on-an-earlier-workers-replay-port",
+     pools_of(launched("w0", 8711, "tcp://127.0.0.1:8721"), launched("w1", 8722)),
+     f"{W1}.url: port 8722 is already used by {W0}.kv_events_endpoint (replay socket, PORT + 1)"),
+    ("replay-port-on-its-own-http-port",
+     pools_of(launched("w0", 8722, "tcp://127.0.0.1:8721")),
+     f"{W0}.kv_events_endpoint: port 8722 (replay socket, PORT + 1) is already used by {W0}.url"),
+    ("kv-port-on-the-gateway-port",
+     pools_of(launched("w0", 8711, "tcp://127.0.0.1:8000")),
+     f"{W0}.kv_events_endpoint: port 8000 is already used by gateway.port"),
+    ("replay-port-on-the-gateway-port",
+     pools_of(launched("w0", 8711, "tcp://127.0.0.1:7999")),
+     f"{W0}.kv_events_endpoint: port 8000 (replay socket, PORT + 1) is already used by gateway.port"),
+    ("http-port-on-another-workers-http-port",
+     pools_of(launched("w0", 8711), launched("w1", 8711)),
+     f"{W1}.url: port 8711 is already used by {W0}.url"),
+    ("across-pools",
+     f"pools: {{default: {{model: m, workers: [{launched('w0', 8711, 'tcp://127.0.0.1:8721')}]}},"
+     f" other: {{model: n, workers: [{launched('w1', 8712, 'tcp://127.0.0.1:8722')}]}}}}",
+     "pools.other.workers[0].kv_events_endpoint: port 8722 is already used by "
+     f"{W0}.kv_events_endpoint (replay socket, PORT + 1)"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), [(t, m) for _, t, m in PORT_CLASHES], ids=[i for i, _, _ in PORT_CLASHES])
+def test_launched_sockets_on_one_port_are_rejected_naming_both_users(tmp_path, text, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), env={})
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pools_of(launched("w0", 8711, "tcp://127.0.0.1:8721"), launched("w1", 8712, "tcp://127.0.0.1:8723")),
+        pools_of(launched("w0", 8711, "tcp://127.0.0.1:8721"),
+                 "{name: remote, url: 'http://127.0.0.1:8722', kv_events_endpoint: 'tcp://127.0.0.1:8721'}"),
+    ],
+    ids=["adjacent-pairs", "not-launched-workers-are-not-counted"],
+)
+def test_sockets_on_distinct_ports_load(tmp_path, text):
+    load_config(write(tmp_path, text), env={})
+
+
+def test_replay_port_is_the_one_the_worker_binds_and_the_gateway_subscribes_to():
+    from gateway.fleet import replay_endpoint
+    from worker.kv_publisher import default_replay_endpoint
+
+    endpoint = "tcp://127.0.0.1:8721"
+    worker = WorkerConfig(name="w0", url="http://127.0.0.1:8711", kv_events_endpoint=endpoint)
+    replay_port = next(port for port, _, note in worker.bound_ports() if note)
+    assert f"tcp://127.0.0.1:{replay_port}" == default_replay_endpoint(endpoint) == replay_endpoint(endpoint)
+
+
+def test_invalid_yaml_is_one_line_with_its_position_and_no_file_name(tmp_path):
+    with pytest.raises(ConfigError) as info:
         load_config(write(tmp_path, "pools: [unclosed"), env={})
-    with pytest.raises(ConfigError, match="cannot read config file .*nope.yaml: No such file or directory"):
+    assert str(info.value) == "not valid YAML at line 1, column 17: expected ',' or ']', but got '<stream end>'"
+
+
+def test_missing_file_is_clear(tmp_path):
+    with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "nope.yaml", env={})
+    assert str(info.value) == "cannot read the file: No such file or directory"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("pools: [unclosed", "not valid YAML at line 1, column 17: expected ',' or ']', but got '<stream end>'"),
+        (f"pools: {{default: {{model: m, workers: [{WORKER}], policy: {{type: least_load, parameters: {{slack: 1}}}}}}}}",
+         "pools.default.policy.parameters.slack: unknown parameter"),
+    ],
+    ids=["invalid-yaml", "unknown-policy-parameter"],
+)
+def test_cli_prints_file_then_yaml_path_then_problem(tmp_path, capsys, text, message):
+    path = write(tmp_path, text)
+    assert main(["gateway", "--config", str(path)]) == 2
+    assert capsys.readouterr().err == f"kvgate: {path}: {message}\n"
 
 
 def test_loaded_config_is_frozen(tmp_path):

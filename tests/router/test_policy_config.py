@@ -74,11 +74,12 @@ def test_first_matching_rule_wins(request_fields: dict, rule: str) -> None:
         ("rules: [{name: a, pool: p, match: {header: [x]}}]", "rules[0].match.header: must be a map of header name to value"),
         ("rules: [{name: a, pool: p, fallback_pool: 3}]", "rules[0].fallback_pool: must be a non-empty string"),
         ("- just a list", "(top level): must be a map, got list"),
+        ("rules: [{name: a, pool: p}", "not valid YAML at line 1, column 27: expected ',' or ']', but got '<stream end>'"),
     ],
     ids=[
         "empty-rules", "unknown-top-key", "unknown-rule-key", "duplicate-name", "missing-pool", "unknown-type",
         "unknown-parameter", "bad-parameter-value", "unknown-policy-key", "unknown-match-key", "priority-not-int",
-        "header-not-map", "fallback-not-string", "not-a-map",
+        "header-not-map", "fallback-not-string", "not-a-map", "invalid-yaml",
     ],
 )
 def test_bad_files_are_rejected_with_the_yaml_path(text: str, message: str) -> None:
@@ -122,7 +123,8 @@ def test_store_keeps_the_old_policies_when_the_new_file_is_bad(tmp_path: Path) -
     assert store.maybe_reload() is False
     assert [r.name for r in store.policies.rules] == ["premium", "everyone"]
     assert store.reload_failures == 1
-    assert store.last_error is not None and "rules[0].policy.type: unknown policy type 'nope'" in store.last_error
+    assert store.last_error is not None
+    assert store.last_error.startswith(f"{path}: rules[0].policy.type: unknown policy type 'nope'")
 
 
 def test_store_reloads_on_request_even_without_a_change(tmp_path: Path) -> None:
@@ -139,3 +141,21 @@ def test_store_raises_on_a_bad_file_at_start(tmp_path: Path) -> None:
     path.write_text("rules: []")
     with pytest.raises(PolicyConfigError):
         PolicyStore(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("rules: [{name: a, pool: p, policy: {type: nope}}]", "rules[0].policy.type: unknown policy type 'nope'"),
+        ("rules: [unclosed", "not valid YAML at line 1, column 17: expected ',' or ']', but got '<stream end>'"),
+        (None, "cannot read the file: No such file or directory"),
+    ],
+    ids=["bad-rule", "invalid-yaml", "missing-file"],
+)
+def test_store_errors_read_file_then_yaml_path_then_problem(tmp_path: Path, text: str | None, problem: str) -> None:
+    path = tmp_path / "p.yaml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(PolicyConfigError) as excinfo:
+        PolicyStore(path)
+    assert str(excinfo.value).startswith(f"{path}: {problem}")

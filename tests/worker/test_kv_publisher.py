@@ -245,8 +245,15 @@ def test_medium_and_data_parallel_rank_come_from_the_constructor(context):
 
 
 def test_binding_a_busy_port_fails_in_the_constructor(publisher):
-    with pytest.raises(OSError, match="cannot bind"):
+    with pytest.raises(OSError) as info:
         KVEventPublisher(publisher.endpoint, ANY_PORT)
+    assert str(info.value) == f"cannot bind KV-event socket {publisher.endpoint}: Address already in use"
+
+
+def test_a_busy_replay_port_is_named_as_the_replay_socket(publisher):
+    with pytest.raises(OSError) as info:
+        KVEventPublisher(ANY_PORT, publisher.replay_endpoint)
+    assert str(info.value) == f"cannot bind KV-event replay socket {publisher.replay_endpoint}: Address already in use"
 
 
 @pytest.mark.parametrize(
