@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import uvicorn
+from uvicorn.server import STARTUP_FAILURE
 
 from gateway.app import build_app
 from gateway.core import GatewayCore
@@ -20,16 +21,33 @@ def serve(config: KvgateConfig, tokenizer_dirs: Mapping[str, Path], host: str, p
     core = GatewayCore(config, tokenizer_dirs)
     if hasattr(core.policies, "install_sighup"):
         core.policies.install_sighup()
-    logging.getLogger("kvgate.gateway").info("gateway listening on http://%s:%d (pools: %s)", host, port,
-                                             ", ".join(config.pools))
     # Keep idle client connections longer than the usual load-balancer idle timeout (60 s), so
     # a balancer never reuses a connection the gateway has just closed. No per-request access log
     # (the metrics count requests) and no X-Forwarded-* rewriting (nothing reads the client address):
     # both cost CPU on every request.
-    uvicorn.run(build_app(core, freeze_gc=True), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5,
-                loop="uvloop", http="httptools", backlog=4096, timeout_keep_alive=75, access_log=False,
-                proxy_headers=False)
-    return 0
+    server_config = uvicorn.Config(build_app(core, freeze_gc=True), host=host, port=port, log_level="warning",
+                                   timeout_graceful_shutdown=5, loop="uvloop", http="httptools", backlog=4096,
+                                   timeout_keep_alive=75, access_log=False, proxy_headers=False)
+    server = _AnnouncingServer(server_config, f"gateway listening on http://{host}:{port} "
+                                              f"(pools: {', '.join(config.pools)})")
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    return 0 if server.started else STARTUP_FAILURE
+
+
+class _AnnouncingServer(uvicorn.Server):
+    """Logs that the gateway listens once the socket is bound (not before: a taken port fails there)."""
+
+    def __init__(self, config: uvicorn.Config, announcement: str) -> None:
+        super().__init__(config)
+        self.announcement = announcement
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            logging.getLogger("kvgate.gateway").info("%s", self.announcement)
 
 
 def run(args: argparse.Namespace, config: KvgateConfig, tokenizer_dirs: Mapping[str, Path]) -> int:
