@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from kvgate.config import ConfigError, load_config
+from kvgate.config import ApiKeyConfig, ConfigError, load_config
 
 
 class UsageError(Exception):
@@ -58,11 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_up(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="start the configured workers and the gateway on this machine",
                        description="Start every worker that has a `launch` section, then the gateway; "
-                       "wait for health, print the URL and a development API key, stop all on Ctrl-C.")
+                       "wait for health, print the URL and a development API key, stop all on Ctrl-C. "
+                       "A worker that dies is restarted (after 1 s, doubling up to 30 s; the stack stops "
+                       "after 5 restarts in a row that never get healthy); a gateway that dies stops the "
+                       "stack. SIGHUP makes the gateway reload routing.policies_file.")
     p.add_argument("--config", required=True, type=Path, help="kvgate YAML config (e.g. configs/local.yaml)")
     p.add_argument("--port", type=_port, help="gateway port (overrides gateway.port)")
     p.add_argument("--health-timeout", type=float, default=600.0, metavar="SECONDS",
-                   help="how long to wait for each child's /health (default: 600)")
+                   help="how long to wait for each child's /health, at start and after a restart "
+                   "(default: 600)")
     p.set_defaults(handler=_run_up)
 
 
@@ -110,9 +114,11 @@ def _add_keys(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
+    # Everything after `bench`, --help included, goes to the load-test suite's own parser, which lists
+    # its subcommands: no help option and no option prefix here, so no argument is taken for an option.
     p = sub.add_parser("bench", help="run load tests and benchmarks (see `kvgate bench --help`)",
-                       description="Load tests and benchmarks; arguments after `bench` go to the load-test suite.")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the load-test suite")
+                       add_help=False, prefix_chars="\0")
+    p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(handler=_dispatch("loadtest.cli", "run", "the load-test suite"))
 
 
@@ -149,17 +155,33 @@ def _tokenizer_dirs(config) -> dict[str, Path]:
 
 
 def _run_keys_create(args: argparse.Namespace) -> int:
-    from kvgate.keys import generate_key, hash_key, store_in_redis
+    from kvgate.keys import KeyStoreError, generate_key, hash_key, redacted_url, store_in_redis
 
     key = generate_key()
     digest = hash_key(key)
+    try:
+        _check_tenant(args.tenant, digest)
+        if args.redis:
+            store_in_redis(args.redis, digest, args.tenant)
+    except (UsageError, KeyStoreError) as exc:
+        print(f"kvgate keys: {exc}", file=sys.stderr)
+        return 2
     if args.redis:
-        store_in_redis(args.redis, digest, args.tenant)
-        where = f"stored in {args.redis}"
+        where = f"stored in {redacted_url(args.redis)}"
     else:
         where = "add to your config under auth.keys:\n" f"  - tenant: {args.tenant}\n    sha256: {digest}"
     print(f"API key for tenant {args.tenant} (shown once, store it now):\n  {key}\n{where}")
     return 0
+
+
+def _check_tenant(tenant: str, digest: str) -> None:
+    """The tenant must be one the config accepts under auth.keys, so the printed entry loads."""
+    if not tenant.strip():
+        raise UsageError("--tenant must not be empty")
+    try:
+        ApiKeyConfig(tenant=tenant, sha256=digest)
+    except ConfigError as exc:
+        raise UsageError(f"--tenant {tenant!r}: {exc.message}") from None
 
 
 def _run_up(args: argparse.Namespace) -> int:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
+import urllib.parse
 
 KEY_PREFIX = "kvg-"
 REDIS_KEYS_HASH = "kvgate:api_keys"  # Redis hash: sha256(key) -> tenant
@@ -20,11 +22,42 @@ def hash_key(key: str) -> str:
 
 
 def store_in_redis(redis_url: str, key_sha256: str, tenant: str) -> None:
-    """Register a key hash for a tenant in Redis, where every gateway replica looks it up."""
+    """Register a key hash for a tenant in Redis, where every gateway replica looks it up.
+
+    Raises KeyStoreError with a one-line reason when the URL is not a Redis URL or Redis fails.
+    """
     import redis
 
-    client = redis.Redis.from_url(redis_url, socket_timeout=5)
+    try:
+        client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+    except ValueError:
+        raise KeyStoreError(f"--redis {redacted_url(redis_url)}: not a Redis URL "
+                            "(redis://, rediss:// or unix://)") from None
     try:
         client.hset(REDIS_KEYS_HASH, key_sha256, tenant)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise KeyStoreError(f"cannot reach Redis at {redacted_url(redis_url)}: {_reason(exc)}") from None
+    except redis.RedisError as exc:
+        raise KeyStoreError(f"Redis at {redacted_url(redis_url)} refused the key: {exc}") from None
     finally:
         client.close()
+
+
+class KeyStoreError(RuntimeError):
+    """The key could not be stored; the message is one line for the operator."""
+
+
+def _reason(exc: Exception) -> str:
+    """redis-py's `Error 111 connecting to HOST:PORT. Connection refused.` -> `Connection refused`."""
+    text = str(exc).strip()
+    match = re.match(r"Error -?\d+ connecting to \S+?\. (.+?)\.?$", text)
+    return match.group(1) if match else (text.rstrip(".") or type(exc).__name__)
+
+
+def redacted_url(redis_url: str) -> str:
+    """The URL with any password replaced by ***, fit for messages and logs."""
+    parts = urllib.parse.urlsplit(redis_url)
+    if parts.password is None:
+        return redis_url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))

@@ -40,7 +40,11 @@ def worker_argv(worker: WorkerConfig) -> tuple[str, ...]:
 
 
 def stack_specs(config: KvgateConfig, config_path: Path, gateway_port: int, api_key: str) -> list[ChildSpec]:
-    """Workers first (non-critical: the gateway routes around a dead one), then the gateway."""
+    """Workers first (non-critical: the gateway routes around a dead one while it restarts), then the gateway.
+
+    The gateway reloads its routing policies on SIGHUP only when it has a policies file; without one,
+    SIGHUP would end it, so it is not passed on.
+    """
     specs = [
         ChildSpec(name=w.name, argv=worker_argv(w), health_url=f"{w.url.rstrip('/')}/health")
         for w in config.launched_workers()
@@ -50,7 +54,8 @@ def stack_specs(config: KvgateConfig, config_path: Path, gateway_port: int, api_
             "--host", host, "--port", str(gateway_port))
     env = {config.auth.dev_key_env: api_key} if config.auth.dev_key_env else {}
     specs.append(ChildSpec(name="gateway", argv=argv, critical=True, env=env,
-                           health_url=f"http://{_url_host(host)}:{gateway_port}/ready"))
+                           health_url=f"http://{_url_host(host)}:{gateway_port}/ready",
+                           reloads_on_sighup=config.routing.policies_file is not None))
     return specs
 
 

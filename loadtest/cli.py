@@ -20,14 +20,16 @@ from loadtest.workloads import WORKLOADS, build_workload
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvgate bench", description="kvgate load tests and benchmarks.")
+    parser = argparse.ArgumentParser(prog="kvgate bench", description="kvgate load tests and benchmarks.",
+                                     epilog="`kvgate bench SUBCOMMAND --help` lists a subcommand's options.")
     sub = parser.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
-    run = sub.add_parser("run", help="one workload against an OpenAI-compatible URL")
+    run = _add_subcommand(sub, "run", "one workload against an OpenAI-compatible URL; exits 1 when no "
+                          "request succeeded")
     run.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000/v1")
     run.add_argument("--api-key", help="sent as `Authorization: Bearer KEY`")
     run.add_argument("--model", required=True, help="the `model` field to send")
     run.add_argument("--name", default="run", help="name of this run in reports (default: run)")
-    fleet = sub.add_parser("fleet", help="start sim workers, compare routing policies (and external routers)")
+    fleet = _add_subcommand(sub, "fleet", "start sim workers, compare routing policies (and external routers)")
     fleet.add_argument("--workers", type=int, default=4, help="number of sim workers (default: 4)")
     fleet.add_argument("--policies", default="round_robin,kv_aware", help="comma-separated policy types ('' for none)")
     fleet.add_argument("--external", action="append", default=[], metavar="NAME=URL",
@@ -47,13 +49,18 @@ def build_parser() -> argparse.ArgumentParser:
         _add_workload_args(p)
         _add_load_args(p)
         p.add_argument("--out", type=Path, required=True, help="directory for result JSON, report.md and PNGs")
-    report = sub.add_parser("report", help="regenerate report.md + plots (and a docs section) from result files")
+    report = _add_subcommand(sub, "report", "regenerate report.md + plots (and a docs section) from result files")
     report.add_argument("results", nargs="+", type=Path, help="result JSON files")
     report.add_argument("--out", type=Path, required=True)
     report.add_argument("--title", default="kvgate load test")
     report.add_argument("--bench-doc", metavar="NAME", help="write section NAME of --doc from these results")
     report.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
     return parser
+
+
+def _add_subcommand(sub: argparse._SubParsersAction, name: str, summary: str) -> argparse.ArgumentParser:
+    """A subcommand whose one-line summary is both its line in `kvgate bench --help` and its description."""
+    return sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -129,7 +136,18 @@ def _run_one(args: argparse.Namespace, command: str) -> int:
     specs, plan = _plan_parts(args, args.url, args.model)
     result = execute(specs, dataclasses.replace(plan, command=command))
     _finish([result], args.out, None, None, command)
-    return 0
+    return _status(result)
+
+
+def _status(result: dict[str, Any]) -> int:
+    """0 when at least one request succeeded; else 1, with a line that says what went wrong."""
+    summary = result["summary"]
+    if summary["num_ok"] > 0:
+        return 0
+    errors = ", ".join(f"{name}: {count}" for name, count in summary["errors"].items()) or "none sent"
+    print(f"kvgate bench: no request succeeded ({summary['num_requests']} requests; errors: {errors})",
+          file=sys.stderr)
+    return 1
 
 
 def _run_fleet(args: argparse.Namespace, command: str) -> int:

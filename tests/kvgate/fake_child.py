@@ -1,10 +1,12 @@
 """A stand-in child process for supervisor tests: serves /health, and misbehaves on request.
 
 usage: fake_child.py PORT [--health-after S] [--crash-after S] [--grandchild PIDFILE] [--ignore-term]
+                        [--crash-if-exists PATH] [--stall-if-exists PATH] [--on-hup]
 """
 
 import argparse
 import http.server
+import os
 import signal
 import subprocess
 import sys
@@ -19,8 +21,17 @@ def main() -> None:
     parser.add_argument("--crash-after", type=float)
     parser.add_argument("--grandchild")
     parser.add_argument("--ignore-term", action="store_true")
+    parser.add_argument("--crash-if-exists", metavar="PATH", help="exit 4 at once when PATH exists")
+    parser.add_argument("--stall-if-exists", metavar="PATH", help="never healthy when PATH exists")
+    parser.add_argument("--on-hup", action="store_true", help="log SIGHUP instead of dying of it")
     args = parser.parse_args()
     started = time.monotonic()
+    if args.crash_if_exists and os.path.exists(args.crash_if_exists):
+        print("fake child: broken on purpose", flush=True)
+        sys.exit(4)
+    stalled = bool(args.stall_if_exists and os.path.exists(args.stall_if_exists))
+    if args.on_hup:
+        signal.signal(signal.SIGHUP, lambda *_: print("fake child: got SIGHUP", flush=True))
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.grandchild:
@@ -30,7 +41,7 @@ def main() -> None:
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            ready = time.monotonic() - started >= args.health_after
+            ready = time.monotonic() - started >= args.health_after and not stalled
             self.send_response(200 if ready and self.path == "/health" else 503)
             self.end_headers()
 
@@ -44,7 +55,6 @@ def main() -> None:
             time.sleep(args.crash_after)
             print("fake child: simulated crash", flush=True)
             sys.stdout.flush()
-            import os
             os._exit(3)
         threading.Thread(target=crash, daemon=True).start()
     server.serve_forever()

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from kvgate.keys import hash_key
+from tests.conftest import free_port
 
 
 def kvgate(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -31,9 +32,10 @@ def test_top_level_help_lists_every_subcommand():
                        "--kv-events-endpoint", "--served-model-name"]),
         (("keys",), ["create"]),
         (("keys", "create"), ["--tenant", "--redis"]),
-        (("bench",), ["args"]),
+        (("bench",), ["run ", "fleet ", "report "]),
+        (("bench", "run"), ["--url", "--model", "--workload", "--out"]),
     ],
-    ids=["up", "gateway", "worker", "keys", "keys-create", "bench"],
+    ids=["up", "gateway", "worker", "keys", "keys-create", "bench", "bench-run"],
 )
 def test_each_subcommand_has_help(argv, expected_flags):
     result = kvgate(*argv, "--help")
@@ -41,6 +43,15 @@ def test_each_subcommand_has_help(argv, expected_flags):
     assert result.stdout.startswith(f"usage: kvgate {' '.join(argv)}")
     for flag in expected_flags:
         assert flag in result.stdout
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_bench_help_lists_its_subcommands_with_a_line_each(flag):
+    result = kvgate("bench", flag)
+    assert result.returncode == 0, result.stderr
+    listed = {line.split()[0] for line in result.stdout.splitlines() if line.startswith("    ") and line.split()}
+    assert {"run", "fleet", "report"} <= listed
+    assert "    run       one workload against an OpenAI-compatible URL" in result.stdout
 
 
 def test_help_does_not_import_torch():
@@ -72,6 +83,41 @@ def test_keys_create_stores_only_the_hash_in_redis():
     assert client.hgetall("kvgate:api_keys") == {hash_key(key).encode(): b"team-b"}
     client.delete("kvgate:api_keys")
     client.close()
+
+
+@pytest.mark.parametrize(
+    ("redis_url", "message"),
+    [
+        ("redis://127.0.0.1:{port}/9",
+         "kvgate keys: cannot reach Redis at redis://127.0.0.1:{port}/9: Connection refused"),
+        ("redis://:s3cret@127.0.0.1:{port}/9",
+         "kvgate keys: cannot reach Redis at redis://:***@127.0.0.1:{port}/9: Connection refused"),
+        ("http://foo", "kvgate keys: --redis http://foo: not a Redis URL (redis://, rediss:// or unix://)"),
+    ],
+    ids=["nothing-listening", "password-hidden", "not-redis"],
+)
+def test_keys_create_with_a_bad_redis_says_why_in_one_line(redis_url, message):
+    port = free_port()
+    result = kvgate("keys", "create", "--tenant", "team-a", "--redis", redis_url.format(port=port))
+    assert result.returncode == 2
+    assert result.stderr == message.format(port=port) + "\n"
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("tenant", "message"),
+    [
+        ("", "kvgate keys: --tenant must not be empty"),
+        ("   ", "kvgate keys: --tenant must not be empty"),
+        ("team a", "kvgate keys: --tenant 'team a': must be letters, digits, '.', '_' or '-'"),
+    ],
+    ids=["empty", "whitespace", "space-inside"],
+)
+def test_keys_create_refuses_a_tenant_the_config_would_not_load(tenant, message):
+    result = kvgate("keys", "create", "--tenant", tenant)
+    assert result.returncode == 2
+    assert result.stderr == message + "\n"
+    assert result.stdout == ""
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from kvgate.cli import main as kvgate_main
 from tests.conftest import free_port
@@ -36,3 +38,15 @@ def test_bench_refuses_an_unknown_workload_parameter(tmp_path, capsys):
                           "--param", "pages=3", "--concurrency", "1", "--out", str(tmp_path)])
     assert status == 2
     assert "unknown parameter 'pages'" in capsys.readouterr().err
+
+
+def test_bench_run_where_no_request_succeeds_writes_its_outputs_and_exits_1(tmp_path):
+    dead_url = f"http://127.0.0.1:{free_port()}/v1"
+    result = subprocess.run([sys.executable, "-m", "kvgate", "bench", "run", "--url", dead_url, "--model", "m",
+                             "--workload", "low_reuse", "--param", "num_requests=3", "--param", "document_tokens=20",
+                             "--concurrency", "1", "--no-progress", "--out", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "kvgate bench: no request succeeded (3 requests; errors: ConnectError: 3)" in result.stderr
+    assert json.loads((tmp_path / "run.json").read_text())["summary"]["num_ok"] == 0
+    assert (tmp_path / "report.md").exists()
