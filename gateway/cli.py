@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -21,6 +22,9 @@ def serve(config: KvgateConfig, tokenizer_dirs: Mapping[str, Path], host: str, p
     core = GatewayCore(config, tokenizer_dirs)
     if hasattr(core.policies, "install_sighup"):
         core.policies.install_sighup()
+    else:  # nothing to reload, and a stray SIGHUP (a closed terminal, a reload sent out of habit) must not kill it
+        signal.signal(signal.SIGHUP, lambda signum, frame: logging.getLogger("kvgate.gateway").info(
+            "SIGHUP: no routing.policies_file to reload"))
     # Keep idle client connections longer than the usual load-balancer idle timeout (60 s), so
     # a balancer never reuses a connection the gateway has just closed. No per-request access log
     # (the metrics count requests) and no X-Forwarded-* rewriting (nothing reads the client address):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from contextlib import ExitStack
 
@@ -51,3 +52,15 @@ def test_a_changed_policy_file_is_applied_and_a_bad_one_is_refused_visibly(tmp_p
         rewrite(policies, RULES.format(policy="least_load"))
         assert route_of(gateway.url).startswith("policy=least_load")
         assert metric_value(gateway.url, "kvgate_policy_reloads_total", outcome="ok") == 1
+
+
+def test_sighup_without_a_policy_file_is_logged_not_fatal(tmp_path):
+    with ExitStack() as stack:
+        worker = stack.enter_context(running(fake_worker_process("answer")))
+        gateway = start_gateway(stack, gateway_config([worker_entry("w", worker.url)], None), tmp_path)
+        gateway.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 5
+        while "no routing.policies_file to reload" not in gateway.output() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "no routing.policies_file to reload" in gateway.output()
+        assert gateway.proc.poll() is None and route_of(gateway.url).startswith("policy=kv_aware")
