@@ -77,6 +77,14 @@ def test_worker_killed_outright_is_restarted_and_answers_health_again():
     assert result["code"] == 0
 
 
+def exit_code_after_killing_the_child(sup: Supervisor) -> int:
+    """SIGKILL the (only) child while sup watches; the code sup.watch() returns once it gives up."""
+    with watching(sup) as result:
+        os.kill(sup.children[0].process.pid, signal.SIGKILL)
+        wait_until(lambda: "code" in result)
+    return result["code"]
+
+
 def test_restarts_back_off_exponentially_then_the_stack_gives_up(tmp_path):
     broken = tmp_path / "broken"
     worker, _ = fake("w0", "--crash-if-exists", str(broken))
@@ -84,10 +92,7 @@ def test_restarts_back_off_exponentially_then_the_stack_gives_up(tmp_path):
     sup = Supervisor([worker], restart=QUICK, out=out)
     sup.start()
     broken.touch()
-    with watching(sup) as result:
-        os.kill(sup.children[0].process.pid, signal.SIGKILL)
-        wait_until(lambda: "code" in result)
-    assert result["code"] == 1
+    assert exit_code_after_killing_the_child(sup) == 1
     restarts = [line for line in out.getvalue().splitlines() if line.startswith("kvgate: restarting")]
     assert restarts == [
         "kvgate: restarting w0 in 0.1 s (death 1 in a row)",
@@ -106,10 +111,7 @@ def test_a_restart_that_never_gets_healthy_is_killed_after_the_health_timeout(tm
     sup = Supervisor([worker], health_timeout_s=2.0, restart=policy, out=out)
     sup.start()
     stalled.touch()
-    with watching(sup) as result:
-        os.kill(sup.children[0].process.pid, signal.SIGKILL)
-        wait_until(lambda: "code" in result)
-    assert result["code"] == 1
+    assert exit_code_after_killing_the_child(sup) == 1
     log = out.getvalue()
     assert "kvgate: w0 did not become healthy within 2 s of its restart; killing it" in log
     assert log.endswith("kvgate: w0 failed to become healthy 1 times in a row; giving up\n")
