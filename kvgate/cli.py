@@ -111,6 +111,14 @@ def _add_keys(sub: argparse._SubParsersAction) -> None:
     create.add_argument("--tenant", required=True, help="tenant the key belongs to")
     create.add_argument("--redis", metavar="URL", help="store the key's hash in this Redis")
     create.set_defaults(handler=_run_keys_create)
+    revoke = keys_sub.add_parser("revoke", help="revoke an API key stored in Redis",
+                                 description="Remove a key from Redis (keys in a config file are revoked by "
+                                 "deleting their auth.keys entry). Gateways cache Redis keys for up to 30 s.")
+    which = revoke.add_mutually_exclusive_group(required=True)
+    which.add_argument("--key", help="the API key itself")
+    which.add_argument("--sha256", metavar="HEX", help="the key's SHA-256 digest, as `keys create` printed it")
+    revoke.add_argument("--redis", metavar="URL", required=True, help="the Redis the key is stored in")
+    revoke.set_defaults(handler=_run_keys_revoke)
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
@@ -171,6 +179,23 @@ def _run_keys_create(args: argparse.Namespace) -> int:
     else:
         where = "add to your config under auth.keys:\n" f"  - tenant: {args.tenant}\n    sha256: {digest}"
     print(f"API key for tenant {args.tenant} (shown once, store it now):\n  {key}\n{where}")
+    return 0
+
+
+def _run_keys_revoke(args: argparse.Namespace) -> int:
+    from kvgate.keys import KeyStoreError, hash_key, redacted_url, revoke_in_redis
+
+    digest = hash_key(args.key) if args.key is not None else args.sha256.strip().lower()
+    try:
+        tenant = revoke_in_redis(args.redis, digest)
+    except KeyStoreError as exc:
+        print(f"kvgate keys: {exc}", file=sys.stderr)
+        return 2
+    if tenant is None:
+        print(f"kvgate keys: no key with sha256 {digest} in {redacted_url(args.redis)}", file=sys.stderr)
+        return 1
+    print(f"revoked the key of tenant {tenant} (sha256 {digest}) in {redacted_url(args.redis)}; "
+          "gateways stop accepting it within 30 s")
     return 0
 
 

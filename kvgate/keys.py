@@ -6,9 +6,11 @@ import hashlib
 import re
 import secrets
 import urllib.parse
+from typing import Any, Callable, TypeVar
 
 KEY_PREFIX = "kvg-"
 REDIS_KEYS_HASH = "kvgate:api_keys"  # Redis hash: sha256(key) -> tenant
+T = TypeVar("T")
 
 
 def generate_key() -> str:
@@ -26,6 +28,25 @@ def store_in_redis(redis_url: str, key_sha256: str, tenant: str) -> None:
 
     Raises KeyStoreError with a one-line reason when the URL is not a Redis URL or Redis fails.
     """
+    _with_redis(redis_url, "refused the key", lambda client: client.hset(REDIS_KEYS_HASH, key_sha256, tenant))
+
+
+def revoke_in_redis(redis_url: str, key_sha256: str) -> str | None:
+    """Remove a key hash from Redis; returns the tenant it belonged to, None if Redis did not hold it.
+    Gateways cache what they looked up for up to 30 s, so the key stops working within that."""
+
+    def revoke(client) -> str | None:
+        tenant = client.hget(REDIS_KEYS_HASH, key_sha256)
+        if tenant is None:
+            return None
+        client.hdel(REDIS_KEYS_HASH, key_sha256)
+        return tenant.decode("utf-8", "replace")
+
+    return _with_redis(redis_url, "refused the revocation", revoke)
+
+
+def _with_redis(redis_url: str, refused: str, action: Callable[[Any], T]) -> T:
+    """action(client) on a short-lived client; KeyStoreError with a one-line reason on any failure."""
     import redis
 
     try:
@@ -34,11 +55,11 @@ def store_in_redis(redis_url: str, key_sha256: str, tenant: str) -> None:
         raise KeyStoreError(f"--redis {redacted_url(redis_url)}: not a Redis URL "
                             "(redis://, rediss:// or unix://)") from None
     try:
-        client.hset(REDIS_KEYS_HASH, key_sha256, tenant)
+        return action(client)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise KeyStoreError(f"cannot reach Redis at {redacted_url(redis_url)}: {_reason(exc)}") from None
     except redis.RedisError as exc:
-        raise KeyStoreError(f"Redis at {redacted_url(redis_url)} refused the key: {exc}") from None
+        raise KeyStoreError(f"Redis at {redacted_url(redis_url)} {refused}: {exc}") from None
     finally:
         client.close()
 

@@ -85,6 +85,23 @@ def test_keys_create_stores_only_the_hash_in_redis():
     client.close()
 
 
+def test_keys_revoke_removes_a_redis_key_by_key_or_digest():
+    redis = pytest.importorskip("redis")
+    url = "redis://127.0.0.1:6379/14"
+    client = redis.Redis.from_url(url)
+    client.delete("kvgate:api_keys")
+    keys = [kvgate("keys", "create", "--tenant", "team-c", "--redis", url).stdout.splitlines()[1].strip()
+            for _ in range(2)]
+    by_key = kvgate("keys", "revoke", "--key", keys[0], "--redis", url)
+    assert by_key.returncode == 0, by_key.stderr
+    assert by_key.stdout.startswith(f"revoked the key of tenant team-c (sha256 {hash_key(keys[0])})")
+    assert kvgate("keys", "revoke", "--sha256", hash_key(keys[1]).upper(), "--redis", url).returncode == 0
+    assert client.hgetall("kvgate:api_keys") == {}
+    again = kvgate("keys", "revoke", "--key", keys[0], "--redis", url)
+    assert (again.returncode, again.stderr) == (1, f"kvgate keys: no key with sha256 {hash_key(keys[0])} in {url}\n")
+    client.close()
+
+
 @pytest.mark.parametrize(
     ("redis_url", "message"),
     [
