@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True, slots=True)
 class LoadPriors:
-    """Starting rates before anything is measured, and the EWMA weight of each new sample.
+    """Starting rates before anything is measured, and the EWMA weight of each new sample (the
+    first samples are averaged instead, so a prior far from the worker's real rate goes at once).
 
     min_rate_sample_tokens: a prefill-rate sample needs at least this many tokens of prefill work
     (its own plus those queued ahead of it); smaller ones mostly measure the per-step overhead.
@@ -53,6 +54,8 @@ class WorkerLoad:
     kv_usage_frac: float | None = None
     prefill_tokens_per_s: float = 8_000.0
     decode_tokens_per_s: float = 40.0
+    prefill_samples: int = 0  # rate samples taken so far (the prior counts for nothing once there is one)
+    decode_samples: int = 0
     num_requests: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
@@ -135,7 +138,8 @@ class LoadView:
         elapsed_s = now - flight.dispatched_at
         work = flight.tokens_ahead + flight.prefill_tokens
         if flight.prefill_tokens > 0 and work >= self.priors.min_rate_sample_tokens and elapsed_s > 0:
-            load.prefill_tokens_per_s = self._ewma(load.prefill_tokens_per_s, work / elapsed_s)
+            load.prefill_tokens_per_s = self._ewma(load.prefill_tokens_per_s, work / elapsed_s, load.prefill_samples)
+            load.prefill_samples += 1
         return work
 
     def on_finish(self, request_id: str, output_tokens: int = 0) -> None:
@@ -158,7 +162,8 @@ class LoadView:
         elapsed_s = self._clock() - flight.first_token_at
         if output_tokens > 1 and elapsed_s > 0:
             sample = (output_tokens - 1) / elapsed_s
-            load.decode_tokens_per_s = self._ewma(load.decode_tokens_per_s, sample)
+            load.decode_tokens_per_s = self._ewma(load.decode_tokens_per_s, sample, load.decode_samples)
+            load.decode_samples += 1
 
     def set_scraped(
         self,
@@ -181,6 +186,8 @@ class LoadView:
         flight = self._requests.get(request_id)
         return flight.worker_id if flight else None
 
-    def _ewma(self, current: float, sample: float) -> float:
-        alpha = self.priors.ewma_alpha
+    def _ewma(self, current: float, sample: float, samples_before: int) -> float:
+        """The running mean over the first samples (the first replaces the prior, which may be far off:
+        a CPU worker prefills ~30x slower than the GPU-class default), then an EWMA of ewma_alpha."""
+        alpha = max(self.priors.ewma_alpha, 1.0 / (samples_before + 1))
         return (1 - alpha) * current + alpha * sample

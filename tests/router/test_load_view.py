@@ -25,12 +25,12 @@ def test_first_token_moves_prefill_to_decode_and_samples_the_rate(loads: LoadVie
     loads.on_first_token("r1")
     load = loads.get("w0")
     assert (load.prefill_tokens_queued, load.decode_seqs_running) == (0, 1)
-    assert load.prefill_tokens_per_s == pytest.approx(1500.0)
+    assert load.prefill_tokens_per_s == pytest.approx(2000.0)  # the first sample replaces the prior
 
 
 @pytest.mark.parametrize(
     ("first_prefill", "second_prefill", "expected_rate"),
-    [(300, 200, 1250.0), (0, 50, 1000.0)],
+    [(300, 200, 1500.0), (0, 50, 1000.0)],
     ids=["queued-work-ahead-counts", "too-little-work-is-not-sampled"],
 )
 def test_prefill_rate_sample_counts_the_work_queued_ahead(
@@ -51,7 +51,7 @@ def test_finish_releases_and_samples_decode_rate(loads: LoadView, clock) -> None
     loads.on_finish("r1", output_tokens=31)  # 30 tokens/s
     load = loads.get("w0")
     assert (load.in_flight_requests, load.decode_seqs_running, load.prefill_tokens_queued) == (0, 0, 0)
-    assert load.decode_tokens_per_s == pytest.approx(20.0)
+    assert load.decode_tokens_per_s == pytest.approx(30.0)
 
 
 def test_failure_before_first_token_releases_the_queued_prefill(loads: LoadView) -> None:
@@ -108,3 +108,18 @@ def test_our_own_requests_move_the_scraped_snapshot_on_until_the_next_scrape(loa
     loads.on_dispatch("w0", "r2", prefill_tokens=10)
     loads.on_finish("r2")  # failed before its first token
     assert (load.scraped_waiting_requests, load.num_requests) == (0, 0)
+
+
+def test_the_first_rate_samples_are_averaged_then_weighted_by_ewma_alpha(clock) -> None:
+    """A prior far off (a CPU worker is ~30x slower than the GPU-class default) must not linger:
+    the first samples are a running mean, after which each new one weighs ewma_alpha."""
+    loads = LoadView(LoadPriors(prefill_tokens_per_s=8000.0, ewma_alpha=0.2, min_rate_sample_tokens=100), clock=clock)
+    rates = []
+    for i, seconds in enumerate((1.0, 0.5, 1.0, 1.0, 1.0, 1.0)):  # 250, 500, then 250 tokens/s
+        loads.on_dispatch("w0", f"r{i}", prefill_tokens=250)
+        clock.advance(seconds)
+        loads.on_first_token(f"r{i}")
+        loads.on_finish(f"r{i}")
+        rates.append(loads.get("w0").prefill_tokens_per_s)
+    assert rates[:5] == pytest.approx([250.0, 375.0, 1000 / 3, 312.5, 300.0])  # running mean (the 5th: 1/5 = alpha)
+    assert rates[5] == pytest.approx(0.8 * 300.0 + 0.2 * 250.0)
