@@ -75,7 +75,7 @@ def load_policies(text: str, *, known_pools: Collection[str] | None = None) -> R
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise PolicyConfigError(_yaml_error_message(exc)) from None
+        raise PolicyConfigError(yaml_error_message(exc)) from None
     _require_map(doc, "(top level)", _TOP_KEYS)
     raw_rules = doc.get("rules")
     if not isinstance(raw_rules, list) or not raw_rules:
@@ -91,7 +91,7 @@ def load_policies(text: str, *, known_pools: Collection[str] | None = None) -> R
     return RoutingPolicies(tuple(rules))
 
 
-def _yaml_error_message(exc: yaml.YAMLError) -> str:
+def yaml_error_message(exc: yaml.YAMLError) -> str:
     """A YAML syntax error on one line: `not valid YAML at line 3, column 7: <problem>`."""
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or " ".join(str(exc).split())

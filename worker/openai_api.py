@@ -80,9 +80,9 @@ _UNSUPPORTED_COMMON: dict[str, tuple[Callable[[Any], bool], str]] = {
     "guided_choice": (_unset, ""),
     "guided_grammar": (_unset, ""),
     "structured_outputs": (_unset, ""),
+    "echo": (_off, ""),
 }
 _UNSUPPORTED_CHAT: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "echo": (_off, ""),
     "tools": (_empty, ""),
     "functions": (_empty, ""),
     "function_call": (lambda v: v in (None, "none"), '"none"'),
@@ -90,7 +90,6 @@ _UNSUPPORTED_CHAT: dict[str, tuple[Callable[[Any], bool], str]] = {
     "audio": (_unset, ""),
 }
 _UNSUPPORTED_COMPLETION: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "echo": (_off, ""),
     "suffix": (lambda v: v is None or v == "", ""),
 }
 # Numeric params whose only supported value is the one that changes nothing.
