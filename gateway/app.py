@@ -14,15 +14,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway import handlers
 from gateway.admission_slot import AdmissionMiddleware
 from gateway.auth import AuthMiddleware, KeyStore
 from gateway.core import GatewayCore
-from gateway.errors import GatewayError
+from gateway.handlers import ServiceEndpoints
 from gateway.middleware import LimitsMiddleware, RequestContextMiddleware
+from gateway.proxy import KINDS, ProxyEndpoint
+from kvgate.api_error import ApiError
 
 
-def build_middleware(core: GatewayCore, keys: KeyStore) -> list[Middleware]:
+def build_middleware(core: GatewayCore, keys: KeyStore, completions: dict[str, ProxyEndpoint]) -> list[Middleware]:
     """Outermost first: request id + trace context, auth, limits, admission; then the completion
     endpoints, reached without Starlette's router (every other path goes on to it)."""
     return [
@@ -30,7 +31,7 @@ def build_middleware(core: GatewayCore, keys: KeyStore) -> list[Middleware]:
         Middleware(AuthMiddleware, keys=keys, metrics=core.metrics),
         Middleware(LimitsMiddleware, limits=core.config.limits),
         Middleware(AdmissionMiddleware),
-        Middleware(CompletionPaths),
+        Middleware(CompletionPaths, endpoints=completions),
     ]
 
 
@@ -40,28 +41,38 @@ class CompletionPaths:
     endpoints answer their own errors; Starlette's outermost ServerErrorMiddleware still turns
     anything unexpected into a 500). Other methods on these paths reach the router (405)."""
 
-    ENDPOINTS = {"/v1/chat/completions": handlers.chat_completions, "/v1/completions": handlers.completions}
-
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, endpoints: dict[str, ASGIApp]) -> None:
         self.app = app
+        self.endpoints = endpoints
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = self.ENDPOINTS.get(scope.get("path", "")) if scope.get("method") == "POST" else None
+        endpoint = self.endpoints.get(scope.get("path", "")) if scope.get("method") == "POST" else None
         await (endpoint or self.app)(scope, receive, send)
+
+
+def completion_endpoints(core: GatewayCore) -> dict[str, ProxyEndpoint]:
+    """Each completion path's endpoint, given exactly the parts a request touches."""
+    return {path: ProxyEndpoint(path=path, router=core.router, fleet=core.fleet, upstream=core.upstream,
+                                settings=core.config.upstream, budgets=core.budgets, metrics=core.metrics,
+                                tokenizers=core.tokenizers, models=core.models,
+                                debug_header=core.config.routing.debug_header, rng=core.rng)
+            for path in KINDS}
 
 
 def build_app(core: GatewayCore, keys: KeyStore | None = None, *, freeze_gc: bool = False) -> Starlette:
     """freeze_gc: after startup, move every object alive then out of the collector's reach (for a
     server process; tests leave it off so their objects stay collectable)."""
     keys = keys or KeyStore(core.config.auth, dict(os.environ), redis_client=core.redis)
+    completions = completion_endpoints(core)
+    service = ServiceEndpoints(models=core.models, created=core.started_at, fleet=core.fleet, metrics=core.metrics,
+                               redis_ok=core.redis_ok)
     routes = [
-        Route("/v1/chat/completions", handlers.chat_completions, methods=["POST"]),
-        Route("/v1/completions", handlers.completions, methods=["POST"]),
-        Route("/v1/models", handlers.models, methods=["GET"]),
-        Route("/v1/models/{model_id:path}", handlers.model, methods=["GET"]),
-        Route("/health", handlers.health, methods=["GET"]),
-        Route("/ready", handlers.ready, methods=["GET"]),
-        Route("/metrics", handlers.metrics, methods=["GET"]),
+        *(Route(path, endpoint, methods=["POST"]) for path, endpoint in completions.items()),
+        Route("/v1/models", service.models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", service.model, methods=["GET"]),
+        Route("/health", service.health, methods=["GET"]),
+        Route("/ready", service.ready, methods=["GET"]),
+        Route("/metrics", service.metrics, methods=["GET"]),
     ]
 
     @contextlib.asynccontextmanager
@@ -74,10 +85,9 @@ def build_app(core: GatewayCore, keys: KeyStore | None = None, *, freeze_gc: boo
         finally:
             await core.stop()
 
-    app = Starlette(routes=routes, middleware=build_middleware(core, keys), lifespan=lifespan,
+    app = Starlette(routes=routes, middleware=build_middleware(core, keys, completions), lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error})
     app.router.redirect_slashes = False  # /v1/completions/ is a 404, not a redirect clients would have to follow
-    app.state.core = core
     return app
 
 
@@ -90,4 +100,4 @@ def freeze_startup_objects() -> None:
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return GatewayError(exc.status_code, exc.detail or "error", type_).response(exc.headers)  # e.g. 405's Allow
+    return ApiError(exc.status_code, exc.detail or "error", type_).response(exc.headers)  # e.g. 405's Allow

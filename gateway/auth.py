@@ -14,12 +14,12 @@ import logging
 import time
 from typing import Callable
 
-from kvgate.config import AuthConfig
-from kvgate.keys import REDIS_KEYS_HASH, hash_key
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
+from kvgate.api_error import ApiError
+from kvgate.config import AuthConfig
+from kvgate.keys import REDIS_KEYS_HASH, hash_key
 
 log = logging.getLogger("kvgate.gateway")
 
@@ -111,7 +111,7 @@ class AuthMiddleware:
         if tenant is None:
             message = ("Missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`." if key is None
                        else "Incorrect API key provided.")
-            error = GatewayError(401, message, "authentication_error", code="invalid_api_key")
+            error = ApiError(401, message, "authentication_error", code="invalid_api_key")
             if self.metrics is not None:  # counted, so error-ratio panels see refused clients too
                 self.metrics.child(self.metrics.requests, UNAUTHENTICATED_TENANT, "unknown", "401").inc()
             await error.response({"www-authenticate": "Bearer"})(scope, receive, send)

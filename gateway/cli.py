@@ -20,11 +20,9 @@ def serve(config: KvgateConfig, tokenizer_dirs: Mapping[str, Path], host: str, p
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
     core = GatewayCore(config, tokenizer_dirs)
-    if hasattr(core.policies, "install_sighup"):
-        core.policies.install_sighup()
-    else:  # nothing to reload, and a stray SIGHUP (a closed terminal, a reload sent out of habit) must not kill it
-        signal.signal(signal.SIGHUP, lambda signum, frame: logging.getLogger("kvgate.gateway").info(
-            "SIGHUP: no routing.policies_file to reload"))
+    # reload the policy file; without one, a stray SIGHUP (a closed terminal, a reload sent out of
+    # habit) is logged, it must not kill the gateway
+    signal.signal(signal.SIGHUP, lambda signum, frame: core.reload_policies())
     # Keep idle client connections longer than the usual load-balancer idle timeout (60 s), so
     # a balancer never reuses a connection the gateway has just closed. No per-request access log
     # (the metrics count requests) and no X-Forwarded-* rewriting (nothing reads the client address):

@@ -1,41 +1,12 @@
-"""OpenAI-style error bodies, and the one place where upstream (httpx) failures are translated."""
+"""Upstream errors: what can go wrong in an attempt at a worker, translated from httpx in one place.
+(Errors for the client are kvgate.api_error.ApiError, shared with the worker.)"""
 
 from __future__ import annotations
 
 import contextlib
-import json
 from typing import Iterator
 
 import httpx
-from starlette.responses import Response
-
-
-class GatewayError(Exception):
-    """An error for the client: status, OpenAI error type and message, optional Retry-After."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 code: str | None = None, param: str | None = None, retry_after_s: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.code = code
-        self.param = param
-        self.retry_after_s = retry_after_s
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def response(self, headers: dict[str, str] | None = None) -> Response:
-        extra = dict(headers or {})
-        if self.retry_after_s is not None:
-            extra["retry-after"] = str(self.retry_after_s)
-        return Response(json.dumps(self.body()), status_code=self.status, media_type="application/json",
-                        headers=extra)
-
-
-def error_response(status: int, message: str, type_: str = "invalid_request_error", **kwargs) -> Response:
-    return GatewayError(status, message, type_, **kwargs).response()
 
 
 class UpstreamError(Exception):

@@ -14,7 +14,6 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from urllib.parse import urlparse
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,6 +22,7 @@ from gateway.breakers import OPEN, STATE_VALUES, WorkerBreaker
 from gateway.metrics import GatewayMetrics
 from gateway.outliers import OutlierDetector
 from kvgate.config import KvgateConfig, WorkerConfig
+from kvgate.kv_endpoints import replay_endpoint
 from router.router import Router
 from router.subscriber import KvEventSubscriber
 
@@ -75,8 +75,8 @@ class Fleet:
         for worker in self.workers.values():
             endpoint = worker.config.kv_events_endpoint
             if endpoint:
-                worker.subscriber = KvEventSubscriber(worker.worker_id, self.router.index, endpoint,
-                                                      replay_endpoint=replay_endpoint(endpoint))
+                worker.subscriber = self.router.kv_event_subscriber(worker.worker_id, endpoint,
+                                                                    replay_endpoint(endpoint))
                 worker.subscriber.start()
         await self.check_all(initial=True)
         self._tasks.append(asyncio.create_task(self._health_loop(), name="health-checks"))
@@ -105,13 +105,13 @@ class Fleet:
     def _refresh_rotation(self, worker: Worker) -> None:
         failed = not worker.healthy or worker.breaker.state == OPEN
         if failed and not worker.failed:
-            self.router.index.clear_worker(worker.worker_id)  # its cache is unknown from here on
+            self.router.worker_failed(worker.worker_id)  # its cache is unknown from here on
         worker.failed = failed
         in_rotation = self.available(worker.worker_id)
         if in_rotation == worker.in_rotation:
             return
         worker.in_rotation = in_rotation
-        self.router.set_healthy(worker.worker_id, in_rotation)
+        self.router.set_in_rotation(worker.worker_id, in_rotation)
         self.metrics.worker_healthy.labels(worker=worker.worker_id).set(1 if in_rotation else 0)
         if not in_rotation and not worker.answered:  # e.g. started together with the gateway, still loading
             log.info("worker %s not in rotation yet: waiting for its first health check to pass", worker.worker_id)
@@ -148,7 +148,7 @@ class Fleet:
     async def _health_loop(self) -> None:
         while True:
             await asyncio.gather(*(self._check(w) for w in self.workers.values()), return_exceptions=True)
-            self._export_index_stats()
+            self._export_subscriber_counts()
             await asyncio.sleep(self.config.health.interval_s)
 
     async def check_all(self, initial: bool = False) -> None:
@@ -186,16 +186,12 @@ class Fleet:
         except (httpx.HTTPError, ValueError):
             return
         if values:
-            self.router.load.set_scraped(worker.worker_id, **values)
+            self.router.worker_load_scraped(worker.worker_id, **values)
 
-    def _export_index_stats(self) -> None:
+    def _export_subscriber_counts(self) -> None:
         for worker in self.workers.values():
             if worker.subscriber is not None:
                 self.metrics.kv_events.labels(worker=worker.worker_id).set(worker.subscriber.counters.events_applied)
-        stats = self.router.index.stats()
-        for worker_id, blocks in stats.blocks_per_worker.items():
-            self.metrics.kv_index_blocks.labels(worker=worker_id).set(blocks)
-        self.metrics.kv_index_bytes.set(stats.approx_bytes)
 
 
 def parse_vllm_load(text: str) -> dict:
@@ -208,11 +204,3 @@ def parse_vllm_load(text: str) -> dict:
         total = sum(sample.value for sample in family.samples if sample.name == family.name)
         values[key] = min(max(total, 0.0), 1.0) if key == "kv_usage_frac" else int(total)
     return values
-
-
-def replay_endpoint(endpoint: str) -> str:
-    """The replay socket beside a KV-event endpoint: same host, port + 1 (bundled worker's layout)."""
-    parsed = urlparse(endpoint)
-    if parsed.scheme != "tcp" or parsed.port is None:
-        return endpoint
-    return f"tcp://{parsed.hostname}:{parsed.port + 1}"

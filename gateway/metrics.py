@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from router.router import RouterStats
 
 disable_created_metrics()  # no `_created` series beside every counter: scrape noise no dashboard reads
 
@@ -42,23 +46,11 @@ class GatewayMetrics:
                                          ["tenant", "model"], registry=r)
         self.cached_tokens = Counter("kvgate_cached_tokens", "Prompt tokens served from a worker's prefix cache.",
                                      ["tenant", "model"], registry=r)
-        self.predicted_cached = Counter("kvgate_router_predicted_cached_tokens",
-                                        "Cached tokens the router expected at the chosen worker.", ["pool"],
-                                        registry=r)
-        self.reported_cached = Counter("kvgate_router_reported_cached_tokens",
-                                       "Cached tokens the chosen worker reported.", ["pool"], registry=r)
-        self.prediction_hit_ratio = Gauge("kvgate_router_prediction_hit_ratio",
-                                          "sum(min(predicted, reported)) / sum(predicted) cached tokens.",
-                                          registry=r)
         self.decision_seconds = Histogram("kvgate_routing_decision_seconds",
                                           "Tokenize + key + match + score time per request.",
                                           buckets=_DECISION_BUCKETS_S, registry=r)
         self.kv_events = Gauge("kvgate_kv_events_applied", "KV events applied per worker (subscriber).",
                                ["worker"], registry=r)
-        self.kv_index_blocks = Gauge("kvgate_kv_index_blocks", "Confirmed blocks indexed per worker.",
-                                     ["worker"], registry=r)
-        self.kv_index_bytes = Gauge("kvgate_kv_index_bytes", "Approximate memory of the KV index (both layers).",
-                                    registry=r)
         self.policy_reloads = Counter("kvgate_policy_reloads", "Routing-policy file reloads, by outcome.",
                                       ["outcome"], registry=r)
 
@@ -75,6 +67,10 @@ class GatewayMetrics:
         for outcome in ("ok", "error"):
             self.policy_reloads.labels(outcome=outcome)
 
+    def watch_router(self, stats: Callable[[], RouterStats]) -> None:
+        """Export the router's closed loop and index size, read from stats() at every scrape."""
+        self.registry.register(_RouterCollector(stats))
+
     def child(self, metric, *label_values: str):
         """metric.labels(*label_values), remembered: prometheus' own lookup locks and validates each call."""
         key = (metric, label_values)
@@ -85,3 +81,32 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _RouterCollector:
+    """The router's own counts as metrics, at scrape time (nothing to update per request)."""
+
+    def __init__(self, stats: Callable[[], RouterStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        predicted = CounterMetricFamily("kvgate_router_predicted_cached_tokens",
+                                        "Cached tokens the router expected at the chosen worker.", labels=["pool"])
+        reported = CounterMetricFamily("kvgate_router_reported_cached_tokens",
+                                       "Cached tokens the chosen worker reported.", labels=["pool"])
+        for pool, loop in sorted(stats.closed_loop.items()):
+            predicted.add_metric([pool], loop.predicted_cached_tokens)
+            reported.add_metric([pool], loop.reported_cached_tokens)
+        yield predicted
+        yield reported
+        ratio = stats.prediction_hit_ratio  # NaN until the router has predicted a cached token
+        yield GaugeMetricFamily("kvgate_router_prediction_hit_ratio",
+                                "sum(min(predicted, reported)) / sum(predicted) cached tokens.",
+                                value=math.nan if ratio is None else ratio)
+        blocks = GaugeMetricFamily("kvgate_kv_index_blocks", "Confirmed blocks indexed per worker.", labels=["worker"])
+        for worker, count in sorted(stats.index.blocks_per_worker.items()):
+            blocks.add_metric([worker], count)
+        yield blocks
+        yield GaugeMetricFamily("kvgate_kv_index_bytes", "Approximate memory of the KV index (both layers).",
+                                value=stats.index.approx_bytes)

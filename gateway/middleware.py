@@ -9,8 +9,8 @@ from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kvgate.api_error import ApiError
 from kvgate.config import LimitsConfig
-from gateway.errors import GatewayError
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _propagator = TraceContextTextMapPropagator()
@@ -98,14 +98,14 @@ class LimitsMiddleware:
             return
         await self.app(scope, receive, send)
 
-    def _check_headers(self, headers: list[tuple[bytes, bytes]]) -> GatewayError | None:
+    def _check_headers(self, headers: list[tuple[bytes, bytes]]) -> ApiError | None:
         if len(headers) > self.limits.max_header_count:
-            return GatewayError(431, f"too many request headers (limit {self.limits.max_header_count})")
+            return ApiError(431, f"too many request headers (limit {self.limits.max_header_count})")
         if sum(len(k) + len(v) for k, v in headers) > self.limits.max_header_bytes:
-            return GatewayError(431, f"request headers too large (limit {self.limits.max_header_bytes} bytes)")
+            return ApiError(431, f"request headers too large (limit {self.limits.max_header_bytes} bytes)")
         return None
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> tuple[bytes, GatewayError | None]:
+    async def _read_body(self, scope: Scope, receive: Receive) -> tuple[bytes, ApiError | None]:
         limit = self.limits.max_body_bytes
         for name, value in scope["headers"]:
             if name == b"content-length" and value.isdigit() and int(value) > limit:
@@ -114,7 +114,7 @@ class LimitsMiddleware:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                return b"", GatewayError(400, "client disconnected while sending the body")
+                return b"", ApiError(400, "client disconnected while sending the body")
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
@@ -124,8 +124,8 @@ class LimitsMiddleware:
                 return b"".join(chunks), None
 
 
-def _too_large(limit: int) -> GatewayError:
-    return GatewayError(413, f"request body too large (limit {limit} bytes)", code="request_too_large")
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body too large (limit {limit} bytes)", code="request_too_large")
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

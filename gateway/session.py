@@ -15,14 +15,19 @@ import copy
 import random
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import Any, AsyncIterator
 
-from gateway.errors import GatewayError, UpstreamError
+from admission.retry_budget import RetryBudget
+from gateway.errors import UpstreamError
+from gateway.fleet import Fleet
+from gateway.metrics import GatewayMetrics
 from gateway.sse import DONE, SseEvent, encode_event
 from gateway.upstream import Attempt, open_attempt, read_events, wait_first_progress
-
-if TYPE_CHECKING:
-    from gateway.core import GatewayCore
+from gateway.upstream_http import UpstreamClient
+from kvgate.api_error import ApiError
+from kvgate.config import UpstreamConfig
+from router.ticket import RouteTicket
+from router.tokenization import RoutingTokenizer
 
 BACKOFF_BASE_S = 0.025
 BACKOFF_CAP_S = 0.5
@@ -47,32 +52,43 @@ class ProxyRequest:
     headers: dict[str, str]
     client_stream: bool
     client_include_usage: bool
-    num_prompt_tokens: int | None = None
-    predicted_cached_tokens: int | None = None
     started_s: float = field(default_factory=time.monotonic)
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class Session:
-    def __init__(self, core: GatewayCore, req: ProxyRequest, candidates: list[str]) -> None:
-        self.core = core
-        self.req = req
-        self.candidates = candidates
-        self.tried: list[str] = []
-        self.attempt: Attempt | None = None
-        self.attempt_key: str | None = None
-        self.text = ""
-        self.finish_reason: str | None = None
-        self.usage: dict[str, Any] | None = None
-        self.usage_raw: bytes | None = None
-        self.first_payload: dict[str, Any] | None = None
-        self.failovers = 0
-        self.role_sent = False
-        self.done = False
-        self.first_token_s: float | None = None
-        self.last_token_s: float | None = None
-        self.delivered_tokens_at_failover = 0
-        self.token_ids: list[int] = []
-        self._budget = core.budgets[req.pool]
+    """One request's answer, across its upstream attempts. Its collaborators are what a request
+    touches: the routing ticket (candidates, predictions, load), the fleet (who is in rotation;
+    breakers and slow-worker ejection hear each attempt's outcome), the upstream client and its
+    timeouts, the pool's retry budget, the metrics, and the model's tokenizer (None when only an
+    approximate one is known) for continuing after a failover. The ticket ends exactly once: in
+    start() when no attempt could begin the answer, else at the end of stream() or collect()."""
+
+    req: ProxyRequest
+    ticket: RouteTicket
+    fleet: Fleet
+    upstream: UpstreamClient
+    settings: UpstreamConfig
+    budget: RetryBudget
+    metrics: GatewayMetrics
+    tokenizer: RoutingTokenizer | None
+    rng: random.Random
+    # what happened so far
+    tried: list[str] = field(default_factory=list)
+    attempt: Attempt | None = None
+    text: str = ""
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    usage_raw: bytes | None = None
+    first_payload: dict[str, Any] | None = None
+    failovers: int = 0
+    role_sent: bool = False
+    done: bool = False
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    delivered_tokens_at_failover: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    end_reason: str | None = None  # why the answer stopped short, when it did
 
     # -- before the first byte ---------------------------------------------------------------
 
@@ -80,23 +96,33 @@ class Session:
         """Open the stream on the best candidate that answers; events held so far are returned.
 
         Raises UpstreamError for a non-retryable worker answer (the client gets it as is) and
-        GatewayError when no worker could take the request.
+        ApiError when no worker could take the request; the ticket has failed then.
         """
-        self._budget.record_request()
-        return await self._open_with_retries(self._upstream_body(self.req.body), first=True)
+        self.budget.record_request()
+        try:
+            return await self._open_with_retries(self._upstream_body(self.req.body), first=True)
+        except ApiError:
+            self.ticket.failed("no_worker")
+            raise
+        except UpstreamError:
+            self.ticket.failed("refused")
+            raise
+        except BaseException:  # cancelled: the client went away
+            self.ticket.failed("client_gone")
+            raise
 
     async def _open_with_retries(self, body: dict[str, Any], first: bool) -> list[SseEvent]:
         last_error: UpstreamError | None = None
-        for attempt_no in range(self.core.config.upstream.max_retries + 1):
+        for attempt_no in range(self.settings.max_retries + 1):
             worker_id = self._next_candidate()
             if worker_id is None:
                 break
             if attempt_no > 0 or not first:
-                if not self._budget.try_spend():
-                    self.core.metrics.budget_refusals.labels(pool=self.req.pool).inc()
+                if not self.budget.try_spend():
+                    self.metrics.budget_refusals.labels(pool=self.req.pool).inc()
                     break
-                self.core.metrics.retries.labels(pool=self.req.pool).inc()
-                await asyncio.sleep(full_jitter_backoff_s(attempt_no, self.core.rng))
+                self.metrics.retries.labels(pool=self.req.pool).inc()
+                await asyncio.sleep(full_jitter_backoff_s(attempt_no, self.rng))
             try:
                 return await self._try(worker_id, body)
             except UpstreamError as error:
@@ -104,41 +130,37 @@ class Session:
                     raise
                 last_error = error
         reason = f" (last error: {last_error})" if last_error else ""
-        raise GatewayError(503, f"no worker could serve the request{reason}", "service_unavailable",
+        raise ApiError(503, f"no worker could serve the request{reason}", "service_unavailable",
                            code="upstream_unavailable", retry_after_s=1)
 
     def _next_candidate(self) -> str | None:
-        for worker_id in self.candidates:
-            if worker_id not in self.tried and self.core.fleet.available(worker_id):
+        for worker_id in self.ticket.candidates:
+            if worker_id not in self.tried and self.fleet.available(worker_id):
                 return worker_id
         return None
 
     async def _try(self, worker_id: str, body: dict[str, Any]) -> list[SseEvent]:
-        core = self.core
-        worker = core.fleet.workers[worker_id]
+        worker = self.fleet.workers[worker_id]
         self.tried.append(worker_id)
         worker.breaker.begin_attempt()
-        key = f"{self.req.request_id}#{len(self.tried)}"
-        prefill = self.req.num_prompt_tokens or 0
-        core.router.on_dispatch(worker_id, key, prefill)
+        self.ticket.dispatched(worker_id)
         attempt = None
-        up = core.config.upstream
+        up = self.settings
         try:
-            attempt = await open_attempt(core.upstream, worker_id, worker.url + self.req.path, body, self.req.headers,
+            attempt = await open_attempt(self.upstream, worker_id, worker.url + self.req.path, body, self.req.headers,
                                          up.connect_timeout_s, up.first_byte_timeout_s, up.idle_timeout_s)
             held = await wait_first_progress(attempt, up.first_byte_timeout_s)
         except BaseException as error:  # refused, failed, or cancelled (the client left): the worker did not serve it
-            core.router.on_finish(key, 0)
-            core.router.withdraw_prediction(self.req.request_id, worker_id)
+            self.ticket.attempt_failed()
             if isinstance(error, UpstreamError):
-                core.fleet.record_attempt(worker_id, ok=not error.retryable)
+                self.fleet.record_attempt(worker_id, ok=not error.retryable)
             else:
                 worker.breaker.end_attempt()  # no outcome to record: a half-open trial may be tried again
             if attempt is not None:
                 await asyncio.shield(attempt.close())
             raise
-        attempt.expected_first_byte_s = core.router.on_first_token(key)
-        self.attempt, self.attempt_key = attempt, key
+        attempt.expected_first_byte_s = self.ticket.first_token()
+        self.attempt = attempt
         return held
 
     def _upstream_body(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -157,10 +179,10 @@ class Session:
         try:
             async for data in self._events(held):
                 yield data
-        except GatewayError as error:  # no worker could continue: end the stream with an error
+        except ApiError as error:  # no worker could continue: end the stream with an error
             yield encode_event(error.body())
-        finally:  # a client that went away is no fault of the worker: record nothing then
-            await self._close_attempt(ok=True if self.done else None)
+        finally:
+            await self._end()
         yield DONE
 
     async def collect(self, held: list[SseEvent]) -> dict[str, Any]:
@@ -169,12 +191,22 @@ class Session:
             async for _ in self._events(held):
                 pass
         finally:
-            await self._close_attempt(ok=True if self.done else None)
+            await self._end()
         return self._full_response()
+
+    async def _end(self) -> None:
+        """Close the last attempt and end the ticket. A client that went away is no fault of the
+        worker: its attempt records no outcome then."""
+        answered = self.done or self.finish_reason is not None
+        await self._close_attempt(ok=True if self.done else None)
+        if answered:
+            self.ticket.finished(self.usage)
+        else:
+            self.ticket.failed(self.end_reason or "client_gone")
 
     async def _events(self, held: list[SseEvent]) -> AsyncIterator[bytes]:
         pending = held
-        up = self.core.config.upstream
+        up = self.settings
         while True:
             try:
                 for event in pending:
@@ -238,7 +270,7 @@ class Session:
 
     def _mark_token(self) -> None:
         now = time.monotonic()
-        metrics, model = self.core.metrics, self.req.model
+        metrics, model = self.metrics, self.req.model
         if self.first_token_s is None:
             self.first_token_s = now
             metrics.child(metrics.ttft, model).observe(now - self.req.started_s)
@@ -254,20 +286,32 @@ class Session:
 
     async def _failover(self, error: UpstreamError) -> list[SseEvent]:
         await self._close_attempt(ok=False)
+        self.ticket.attempt_failed()
         self.failovers += 1
-        self.core.metrics.failovers.labels(pool=self.req.pool).inc()
-        delivered = self.core.count_tokens(self.req.model, self.text)
+        self.metrics.failovers.labels(pool=self.req.pool).inc()
+        delivered = self._count_tokens(self.text)
         self.delivered_tokens_at_failover += delivered - self.delivered_tokens_at_failover
-        body = continuation_body(self.req, self.text, delivered, self.core.encode_text(self.req.model))
+        encode = self.tokenizer.encode_text if self.tokenizer is not None else None
+        body = continuation_body(self.req, self.text, delivered, encode)
         if body is None:  # the answer had already used its whole max_tokens
             self.finish_reason, self.done = "length", True
             return [SseEvent(b"", "", self._synthetic_finish("length"))]
         self.usage, self.usage_raw = None, None
         try:
             return await self._open_with_retries(self._upstream_body(body), first=False)
+        except ApiError:
+            self.end_reason = "failover_failed"
+            raise
         except UpstreamError as failed:
-            raise GatewayError(502, f"worker failed mid-stream ({error}) and the continuation failed: {failed}",
+            self.end_reason = "failover_failed"
+            raise ApiError(502, f"worker failed mid-stream ({error}) and the continuation failed: {failed}",
                                "upstream_error", code="failover_failed") from None
+
+    def _count_tokens(self, text: str) -> int:
+        """Tokens in generated text, with the model's tokenizer (else ~4 bytes a token)."""
+        if self.tokenizer is None:
+            return max(1, len(text.encode()) // 4) if text else 0
+        return len(self.tokenizer.encode_text(text))
 
     def _synthetic_finish(self, reason: str) -> dict[str, Any]:
         choice: dict[str, Any] = ({"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
@@ -277,16 +321,14 @@ class Session:
 
     async def _close_attempt(self, ok: bool | None) -> None:
         """Close the current upstream stream; ok None records no outcome (client went away)."""
-        attempt, key = self.attempt, self.attempt_key
+        attempt = self.attempt
         if attempt is None:
             return
-        self.attempt = self.attempt_key = None
+        self.attempt = None
         await attempt.close(drain=bool(ok) and self.done)
-        if key is not None:
-            self.core.router.on_finish(key, (self.usage or {}).get("completion_tokens", 0))
         if ok is not None:
-            self.core.fleet.record_attempt(attempt.worker_id, ok=ok, first_byte_s=attempt.first_byte_s,
-                                           expected_first_byte_s=attempt.expected_first_byte_s)
+            self.fleet.record_attempt(attempt.worker_id, ok=ok, first_byte_s=attempt.first_byte_s,
+                                      expected_first_byte_s=attempt.expected_first_byte_s)
 
     # -- results -----------------------------------------------------------------------------
 
@@ -295,7 +337,8 @@ class Session:
         usage = self.usage
         if self.failovers == 0 or usage is None:
             return usage
-        prompt = self.req.num_prompt_tokens or max(0, usage.get("prompt_tokens", 0) - self.delivered_tokens_at_failover)
+        prompt = (self.ticket.decision.num_prompt_tokens
+                  or max(0, usage.get("prompt_tokens", 0) - self.delivered_tokens_at_failover))
         completion = self.delivered_tokens_at_failover + usage.get("completion_tokens", 0)
         cached = min(prompt, (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,

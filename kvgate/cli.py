@@ -99,7 +99,7 @@ def _add_worker(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sim-timing", metavar="K=V,...",
                    help="sim executor timing overrides (see docs/sim-calibration.md)")
     p.add_argument("--worker-id", metavar="NAME", help="name in logs, metrics and KV-event topics")
-    p.set_defaults(handler=_dispatch("worker.cli", "run", "the worker"))
+    p.set_defaults(handler=_dispatch("worker.cli", "run", "the worker", extra="worker"))
 
 
 def _add_keys(sub: argparse._SubParsersAction) -> None:
@@ -127,13 +127,25 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="run load tests and benchmarks (see `kvgate bench --help`)",
                        add_help=False, prefix_chars="\0")
     p.add_argument("args", nargs=argparse.REMAINDER)
-    p.set_defaults(handler=_dispatch("loadtest.cli", "run", "the load-test suite"))
+    p.set_defaults(handler=_dispatch("loadtest.cli", "run", "the load-test suite", extra="bench"))
 
 
-def _dispatch(module: str, function: str, part: str) -> Callable[[argparse.Namespace], int]:
+# The modules each optional extra installs (pyproject.toml [project.optional-dependencies]): a part whose
+# extra is missing stops with one line saying how to install it, not with a traceback from deep inside.
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "worker": ("torch", "safetensors", "gguf", "tqdm"),
+    "bench": ("matplotlib", "tqdm"),
+}
+
+
+def _dispatch(module: str, function: str, part: str, extra: str) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         if importlib.util.find_spec(module) is None:
             raise UsageError(f"{part} is not part of this build yet ({module} is missing)")
+        missing = [name for name in EXTRA_MODULES[extra] if importlib.util.find_spec(name) is None]
+        if missing:
+            raise UsageError(f"{part} needs the '{extra}' extra ({', '.join(missing)} missing): "
+                             f"pip install 'kvgate[{extra}]'")
         return getattr(importlib.import_module(module), function)(args)
 
     return handler
@@ -151,9 +163,13 @@ def _tokenizer_dirs(config) -> dict[str, Path]:
     dirs = {}
     for name, pool in config.pools.items():
         if pool.tokenizer == "default":
-            from worker.model.default_model import resolve_model_path
+            from worker.model.default_model import resolve_model_path  # needs no worker extra once converted
+            from worker.model.errors import ModelFileNotFoundError
 
-            dirs[name] = resolve_model_path("default")
+            try:
+                dirs[name] = resolve_model_path("default")
+            except ModelFileNotFoundError as exc:
+                raise ConfigError(f"pools.{name}.tokenizer", str(exc)) from None
         elif pool.tokenizer is not None:
             folder = Path(pool.tokenizer).expanduser()
             if not (folder / "tokenizer.json").is_file():
@@ -213,7 +229,10 @@ def _run_up(args: argparse.Namespace) -> int:
     from kvgate.stack import dev_api_key, print_banner, stack_specs
     from kvgate.supervisor import Supervisor
 
+    from gateway.routing_config import routing_rules
+
     config = load_config(args.config)
+    routing_rules(config)  # the router checks the policies now, before any worker is started
     port = args.port if args.port is not None else config.gateway.port
     env_name = config.auth.dev_key_env
     api_key = dev_api_key(os.environ.get(env_name) if env_name else None)

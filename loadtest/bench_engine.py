@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from loadtest.benchdoc import gpu_description, machine_description, replace_section
+from loadtest.stats import percentile
 from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine, RequestOutput
 from worker.engine.sampling_params import SamplingParams
@@ -82,11 +83,6 @@ def rss_bytes() -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError("no VmRSS in /proc/self/status")
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 # ---- continuous batching ------------------------------------------------------------------------

@@ -28,7 +28,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import yaml
-from loadtest.procs import free_port
+
+from loadtest.procs import free_port, wait_healthy
+from loadtest.sse import StreamReader
+from loadtest.stats import percentile
 
 MODEL = "bench-model"
 API_KEY = "bench-key"
@@ -181,7 +184,10 @@ def check_answer(status: int, body: bytes, stream: bool, num_tokens: int) -> boo
     if status != 200:
         return False
     if stream:
-        return body.endswith(b"data: [DONE]\n\n") and body.count(b'"text":"tok "') == num_tokens
+        reader = StreamReader()
+        for line in body.decode(errors="replace").splitlines():
+            reader.feed_line(line)
+        return reader.done and reader.error is None and reader.text == "tok " * num_tokens
     return json.loads(body)["choices"][0]["text"] == "tok " * num_tokens
 
 
@@ -337,11 +343,6 @@ async def concurrent_streams(port: int, num_streams: int, num_tokens: int, chunk
             "wall_s": time.perf_counter() - started, "error_samples": messages[:5]}
 
 
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
 JOBS = {"closed_loop": closed_loop, "open_loop": open_loop, "sequential_streams": sequential_streams,
         "concurrent_streams": concurrent_streams}
 
@@ -390,22 +391,6 @@ def raise_fd_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def wait_healthy(port: int, proc: subprocess.Popen, path: str, timeout_s: float = 60.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process on port {port} exited with {proc.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}{path}", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"port {port}{path} not healthy after {timeout_s} s")
-
-
 @contextmanager
 def child(argv: list[str], port: int, path: str, log_dir: Path, env: dict | None = None,
           cpus: set[int] | None = None) -> Iterator[subprocess.Popen]:
@@ -413,7 +398,7 @@ def child(argv: list[str], port: int, path: str, log_dir: Path, env: dict | None
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                             cwd=Path(__file__).resolve().parents[1], preexec_fn=_pinned(cpus))
     try:
-        wait_healthy(port, proc, path)
+        wait_healthy(f"http://127.0.0.1:{port}{path}", proc, 60.0, name=f"process on port {port}")
         yield proc
     finally:
         proc.terminate()

@@ -29,16 +29,18 @@ import statistics
 import sys
 import time
 
+from kvgate.clock import ManualClock
 from loadtest.benchdoc import machine_description, replace_section
+from loadtest.stats import percentile
 from router.block_keys import COMPILED_KEYS, PrefixKeyCache
 from router.kv_events import BlockStored
 from router.kv_index import KvIndex
 from router.mask_table import COMPILED_WALK
 from router.policies.kv_aware import KvAwareParams
-from router.policy_config import load_policies
-from router.router import Router, WorkerSpec
+from router.router import Router
+from router.rules import RoutingRules, rule
 from router.tokenization import RoutingTokenizer
-from router.types import RouteRequest
+from router.types import RouteRequest, WorkerSpec
 
 MODEL = "bench-model"
 BLOCK_SIZE = 16
@@ -50,27 +52,13 @@ EVENTS_PER_S_TARGET = 200_000
 CLOCK_STEP_S = 0.005  # fake time between two decisions
 
 
-class BenchClock:
-    """The router's clock: fake time, advanced by hand (CLOCK_STEP_S per decision)."""
-
-    def __init__(self, start_s: float = 1000.0) -> None:
-        self.now_s = start_s
-
-    def __call__(self) -> float:
-        return self.now_s
-
-    def advance(self, seconds: float) -> None:
-        self.now_s += seconds
-
-
 def percentile_us(samples_s: list[float], q: float) -> float:
-    ordered = sorted(samples_s)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e6
+    """loadtest.stats.percentile of samples in seconds, in microseconds."""
+    return percentile(samples_s, q) * 1e6
 
 
-def fill_index(router: Router, total_blocks: int, prompt: list[int], rng: random.Random) -> dict:
+def fill_index(index: KvIndex, total_blocks: int, prompt: list[int], rng: random.Random) -> dict:
     """Each worker gets random sequences; worker i also holds the first 4*i blocks of the prompt."""
-    index = router.index
     per_worker = total_blocks // NUM_WORKERS
     events_applied = blocks = 0
     elapsed_s = 0.0
@@ -183,7 +171,7 @@ def subscriber_event_rate(num_events: int, per_batch: int) -> dict:
     return uvloop.run(run())
 
 
-def decision_latency(router: Router, clock: BenchClock, prompt: list[int], iterations: int) -> dict:
+def decision_latency(router: Router, clock: ManualClock, prompt: list[int], iterations: int) -> dict:
     """Latency of route(); the clock moves CLOCK_STEP_S before each decision (not timed), so
     predictions start to expire after prediction_ttl_s / CLOCK_STEP_S decisions."""
     samples: list[float] = []
@@ -200,10 +188,11 @@ def decision_latency(router: Router, clock: BenchClock, prompt: list[int], itera
             "expiring_from_decision": round(ttl_s / CLOCK_STEP_S)}
 
 
-def decision_with_key_cache(router: Router, clock: BenchClock, prompt: list[int], iterations: int) -> dict:
-    """The same decisions with the router's key cache on: the prompt's blocks were seen before (as
-    a conversation's history is on its next turn), so their keys are reused, not hashed."""
-    router.key_cache = PrefixKeyCache()
+def decision_with_key_cache(router: Router, key_cache: PrefixKeyCache, clock: ManualClock, prompt: list[int],
+                            iterations: int) -> dict:
+    """The same decisions with the router's key cache turned on: the prompt's blocks were seen
+    before (as a conversation's history is on its next turn), so their keys are reused, not hashed."""
+    key_cache.max_entries = PrefixKeyCache().max_entries
     return decision_latency(router, clock, prompt, iterations)
 
 
@@ -256,17 +245,18 @@ def main() -> None:
     rng = random.Random(0)
     prompt = [rng.randrange(50_000) for _ in range(PROMPT_TOKENS)]
     pools = {"main": [WorkerSpec(f"w{i}", MODEL, BLOCK_SIZE, num_blocks=args.blocks) for i in range(NUM_WORKERS)]}
-    clock = BenchClock()
+    clock = ManualClock()  # the router's clock, advanced CLOCK_STEP_S per decision
+    rules = RoutingRules((rule("default", "main"),))
+    index = KvIndex(clock=clock)  # the router reserves its room from the workers' num_blocks
     # key cache off: every decision hashes all 512 blocks (the judged figure)
-    router = Router(pools, load_policies("rules: [{name: default, pool: main}]"), clock=clock, rng=random.Random(0),
-                    key_cache_entries=0)
-    router.index.reserve(args.blocks)  # as GatewayCore does from the workers' configured block counts
+    key_cache = PrefixKeyCache(max_entries=0)
+    router = Router(pools, rules, index=index, clock=clock, rng=random.Random(0), key_cache=key_cache)
     rss_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    apply_rate = fill_index(router, args.blocks, prompt, rng)
+    apply_rate = fill_index(index, args.blocks, prompt, rng)
     rss_after_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     gc.collect()
     gc.freeze()
-    stats = router.index.stats()
+    stats = index.stats()
     indexed = sum(stats.blocks_per_worker.values())
     result = {
         "python": sys.version.split()[0],
@@ -276,7 +266,7 @@ def main() -> None:
         "prompt_tokens": PROMPT_TOKENS,
         "block_size": BLOCK_SIZE,
         "decision": decision_latency(router, clock, prompt, args.iterations),
-        "decision_key_cache_hit": decision_with_key_cache(router, clock, prompt, args.iterations // 2),
+        "decision_key_cache_hit": decision_with_key_cache(router, key_cache, clock, prompt, args.iterations // 2),
         "index_approx_bytes_per_block": stats.approx_bytes / indexed,
         "index_rss_growth_bytes_per_block": (rss_after_kib - rss_before_kib) * 1024 / indexed,
         "apply_multi_block_events": apply_rate,

@@ -26,6 +26,8 @@ import httpx
 
 from loadtest.benchdoc import machine_description, replace_section
 from loadtest.procs import ChildProcess, free_port
+from loadtest.sse import StreamReader
+from loadtest.stats import percentile
 from loadtest.workloads import build_workload
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -66,21 +68,18 @@ async def _one(client: httpx.AsyncClient, url: str, spec, records: list[dict]) -
             "stream_options": {"include_usage": True}, "ignore_eos": True}
     body.update({"messages": list(spec.messages)} if spec.kind == "chat" else {"prompt": spec.prompt})
     path = "/v1/chat/completions" if spec.kind == "chat" else "/v1/completions"
+    reader = StreamReader(time.monotonic)
     sent = time.monotonic()
-    ttft, usage, status = None, None, 0
+    status = 0
     try:
         async with client.stream("POST", url + path, json=body) as response:
             status = response.status_code
             async for line in response.aiter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                payload = json.loads(line[6:])
-                if ttft is None and payload.get("choices"):
-                    ttft = time.monotonic() - sent
-                usage = payload.get("usage") or usage
+                reader.feed_line(line)
     except httpx.HTTPError:
         status = -1
-    records.append({"status": status, "ttft_s": ttft, "e2e_s": time.monotonic() - sent, "usage": usage})
+    ttft = reader.content_times_s[0] - sent if reader.content_times_s else None
+    records.append({"status": status, "ttft_s": ttft, "e2e_s": time.monotonic() - sent, "usage": reader.usage})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 def _summarize(args, records, wall_s, cpu_before, cpu_after, host_busy_s, host_total_s) -> dict:
     per_worker = [(a - b) / wall_s for a, b in zip(cpu_after, cpu_before)]
     ok = [r for r in records if r["status"] == 200]
-    ttfts = sorted(r["ttft_s"] for r in ok if r["ttft_s"] is not None)
+    ttfts = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
     return {
         "workers": args.workers, "target_rate_rps": args.rate, "duration_s": round(wall_s, 1),
         "requests": len(records), "ok": len(ok), "achieved_rps": round(len(ok) / wall_s, 2),
@@ -138,8 +137,8 @@ def _summarize(args, records, wall_s, cpu_before, cpu_after, host_busy_s, host_t
         "fleet_cpu_cores": round(sum(per_worker), 3),
         "host_busy_fraction": round(host_busy_s / host_total_s, 3) if host_total_s else None,
         "host_cores": os.cpu_count(),
-        "ttft_p50_s": round(ttfts[len(ttfts) // 2], 4) if ttfts else None,
-        "ttft_p90_s": round(ttfts[int(len(ttfts) * 0.9)], 4) if ttfts else None,
+        "ttft_p50_s": round(percentile(ttfts, 0.5), 4) if ttfts else None,
+        "ttft_p90_s": round(percentile(ttfts, 0.9), 4) if ttfts else None,
         "prompt_tokens_mean": round(statistics.mean(r["usage"]["prompt_tokens"] for r in ok if r["usage"]), 1)
         if ok else None,
         "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -8,9 +8,11 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import httpx
+
+from kvgate.kv_endpoints import replay_port
 
 
 class ChildProcess:
@@ -29,15 +31,9 @@ class ChildProcess:
         return self.popen.poll() is None
 
     def wait_healthy(self, timeout_s: float) -> None:
-        """Poll health_url until it answers 200; raise with the log's tail if the child dies or time runs out."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not self.alive:
-                raise RuntimeError(f"{self.name} exited with {self.popen.returncode}:\n{self.log_tail()}")
-            if self.health_url is None or _answers(self.health_url):
-                return
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.name} not healthy after {timeout_s:.0f} s:\n{self.log_tail()}")
+        """Poll health_url until it answers 200 (none: the child only has to be alive); raise with the
+        log's tail if the child dies or time runs out."""
+        wait_healthy(self.health_url, self.popen, timeout_s, name=self.name, log_tail=self.log_tail)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send sig to this child only (e.g. SIGKILL for a crash)."""
@@ -66,6 +62,25 @@ class ChildProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
 
 
+def wait_healthy(url: str | None, popen: subprocess.Popen, timeout_s: float, *, name: str | None = None,
+                 log_tail: Callable[[], str] | None = None) -> None:
+    """Poll url every 0.1 s until it answers 200 (url None: return while the process lives); raise
+    RuntimeError, with log_tail() when given, if the process exits first or timeout_s runs out."""
+    name = name or url or "process"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if popen.poll() is not None:
+            raise RuntimeError(f"{name} exited with {popen.returncode}{_tail(log_tail)}")
+        if url is None or _answers(url):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{name} not healthy at {url} after {timeout_s:g} s{_tail(log_tail)}")
+
+
+def _tail(log_tail: Callable[[], str] | None) -> str:
+    return f":\n{log_tail()}" if log_tail is not None else ""
+
+
 def _answers(url: str) -> bool:
     try:
         return httpx.get(url, timeout=1.0).status_code == 200
@@ -79,7 +94,7 @@ def free_port(pair: bool = False) -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if not pair or _is_free(port + 1):
+        if not pair or _is_free(replay_port(port)):
             return port
     raise RuntimeError("no free port pair found")
 

@@ -5,12 +5,12 @@ Goodput = requests per second that succeeded AND met every SLO that is set (afte
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import numpy as np
-
+from loadtest.stats import percentile
 from loadtest.types import RequestRecord
 
 WORKER_HEADER = "x-kvgate-worker"
@@ -40,12 +40,12 @@ class Slo:
 
 
 def stats(values: Sequence[float]) -> dict[str, float | None]:
-    """p50/p90/p99/mean/max (None for no values)."""
+    """p50/p90/p99 (loadtest.stats.percentile)/mean/max (None for no values)."""
     if not values:
         return {"p50": None, "p90": None, "p99": None, "mean": None, "max": None}
-    array = np.asarray(values, dtype=float)
-    p50, p90, p99 = (float(v) for v in np.percentile(array, [50, 90, 99]))
-    return {"p50": p50, "p90": p90, "p99": p99, "mean": float(array.mean()), "max": float(array.max())}
+    ordered = sorted(float(v) for v in values)
+    p50, p90, p99 = (percentile(ordered, q) for q in (0.5, 0.9, 0.99))
+    return {"p50": p50, "p90": p90, "p99": p99, "mean": statistics.fmean(ordered), "max": ordered[-1]}
 
 
 def summarize(records: Sequence[RequestRecord], duration_s: float, slo: Slo = Slo(),

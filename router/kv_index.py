@@ -37,7 +37,6 @@ class _Worker:
     blocks: dict[Hashable, int] = field(default_factory=dict)  # engine hash -> key, oldest first
     extra_refs: dict[int, int] = field(default_factory=dict)  # key -> further engine hashes (rare)
     predicted: dict[int, float] = field(default_factory=dict)  # key -> expiry (clock seconds)
-    block_size: int | None = None
 
 
 @dataclass(slots=True)
@@ -141,13 +140,6 @@ class KvIndex:
         worker.extra_refs = {}
         self.counters.workers_cleared += 1
 
-    def worker_ids(self) -> list[str]:
-        return list(self._workers)
-
-    def block_size_of(self, worker_id: str) -> int | None:
-        """The block size seen in the worker's events (None until its first BlockStored)."""
-        return self._worker(worker_id).block_size
-
     # -- confirmed layer -----------------------------------------------------------------------
 
     def apply(self, worker_id: str, events: Iterable[KvEvent]) -> int:
@@ -190,7 +182,6 @@ class KvIndex:
                 counters.stored_unknown_parent += 1
                 return
         hashes, tokens, block_size = event.block_hashes, event.token_ids, event.block_size
-        worker.block_size = block_size
         covered = len(hashes) * block_size
         keys = chain_block_keys(tokens if len(tokens) == covered else tokens[:covered], block_size, parent_key)
         bit, add_bits = worker.bit, self._confirmed.add_bits

@@ -67,12 +67,16 @@ class WorkerLoad:
 
 
 @dataclass(slots=True)
-class _InFlight:
-    worker_id: str
+class InFlight:
+    """One dispatched attempt's share of its worker's load. The caller holds it (a routing ticket)
+    and hands it back at the first token and at the end; the view keeps no table of requests."""
+
+    load: WorkerLoad
     prefill_tokens: int
     dispatched_at: float
     tokens_ahead: int = 0
     first_token_at: float | None = None
+    finished: bool = False
 
 
 class LoadView:
@@ -82,7 +86,6 @@ class LoadView:
         self.priors = priors
         self._clock = clock
         self._loads: dict[str, WorkerLoad] = {}
-        self._requests: dict[str, _InFlight] = {}
 
     def add_worker(self, worker_id: str) -> WorkerLoad:
         load = WorkerLoad(
@@ -92,9 +95,8 @@ class LoadView:
         return self._loads.setdefault(worker_id, load)
 
     def remove_worker(self, worker_id: str) -> None:
+        """Forget a worker; attempts still in flight on it end without touching any live record."""
         self._loads.pop(worker_id, None)
-        for request_id in [r for r, f in self._requests.items() if f.worker_id == worker_id]:
-            del self._requests[request_id]
 
     def get(self, worker_id: str) -> WorkerLoad:
         return self._loads.get(worker_id) or self.add_worker(worker_id)
@@ -104,31 +106,26 @@ class LoadView:
         """Every added worker's live record (read-only: change them through this class)."""
         return self._loads
 
-    def on_dispatch(self, worker_id: str, request_id: str, prefill_tokens: int) -> None:
+    def on_dispatch(self, worker_id: str, prefill_tokens: int) -> InFlight:
         """A request was sent: prefill_tokens (uncached prompt tokens) join the worker's queue."""
-        if request_id in self._requests:
-            raise ValueError(f"request {request_id!r} is already in flight")
         load = self.get(worker_id)
         ahead = max(0, load.prefill_tokens_queued)
         load.in_flight_requests += 1
         load.count_requests()
         load.prefill_tokens_queued += prefill_tokens
-        self._requests[request_id] = _InFlight(worker_id, prefill_tokens, self._clock(), ahead)
+        return InFlight(load, prefill_tokens, self._clock(), ahead)
 
-    def on_first_token(self, request_id: str) -> int | None:
+    def on_first_token(self, flight: InFlight) -> int | None:
         """Prefill done: tokens leave the queue, a decode starts; the prefill rate is sampled.
 
         sample = (tokens queued ahead at dispatch + own prefill tokens) / time to first token: the
         request waited for the work ahead of it, so its own tokens alone would under-read the rate.
-        Returns that work in tokens (None for an unknown request or a repeated call).
+        Returns that work in tokens (None for a repeated call or a finished attempt).
         """
-        flight = self._requests.get(request_id)
-        if flight is None or flight.first_token_at is not None:
+        if flight.first_token_at is not None or flight.finished:
             return None
         now = flight.first_token_at = self._clock()
-        load = self._loads.get(flight.worker_id)
-        if load is None:
-            return None
+        load = flight.load
         load.prefill_tokens_queued -= flight.prefill_tokens
         load.decode_seqs_running += 1
         if load.scraped_waiting_requests:
@@ -142,12 +139,13 @@ class LoadView:
             load.prefill_samples += 1
         return work
 
-    def on_finish(self, request_id: str, output_tokens: int = 0) -> None:
-        """The request ended (any outcome): release its load; sample the per-sequence decode rate."""
-        flight = self._requests.pop(request_id, None)
-        load = self._loads.get(flight.worker_id) if flight else None
-        if flight is None or load is None:
+    def on_finish(self, flight: InFlight, output_tokens: int = 0) -> None:
+        """The attempt ended (any outcome): release its load; sample the per-sequence decode rate.
+        A second call for the same attempt does nothing."""
+        if flight.finished:
             return
+        flight.finished = True
+        load = flight.load
         load.in_flight_requests -= 1
         if flight.first_token_at is None:
             if load.scraped_waiting_requests:
@@ -181,10 +179,6 @@ class LoadView:
         load.scraped_running_requests = running_requests
         load.count_requests()
         load.kv_usage_frac = kv_usage_frac
-
-    def worker_of(self, request_id: str) -> str | None:
-        flight = self._requests.get(request_id)
-        return flight.worker_id if flight else None
 
     def _ewma(self, current: float, sample: float, samples_before: int) -> float:
         """The running mean over the first samples (the first replaces the prior, which may be far off:

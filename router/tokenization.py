@@ -7,25 +7,18 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import jinja2
 import xxhash
-from jinja2 import nodes
-from jinja2.ext import Extension
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from kvgate.chat_template import ChatTemplateError, compile_chat_template
 from router.block_keys import _U32_TYPECODE
 
 _h128 = xxhash.xxh3_128_intdigest
 _SENTINEL = "a"  # any plain text: a first segment to drop again
-
-
-class ChatTemplateError(ValueError):
-    """The template called raise_exception or failed to render."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,39 +30,6 @@ class _CachedRender:
     cut_char: int
     cut_token: int
     token_ids: array
-
-
-class _GenerationTag(Extension):
-    """{% generation %}...{% endgeneration %} (transformers' assistant mask): rendered as its body."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: Any) -> list[nodes.Node]:
-        next(parser.stream)
-        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
-
-
-def _raise_exception(message: str) -> None:
-    raise ChatTemplateError(message)
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-def compile_chat_template(source: str) -> jinja2.Template:
-    """A sandboxed template with the globals transformers' apply_chat_template provides."""
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, "jinja2.ext.loopcontrols"]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
 
 
 class RoutingTokenizer:

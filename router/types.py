@@ -1,4 +1,4 @@
-"""Shared routing types: the request as routed, a worker as a policy sees it, and the decision."""
+"""Shared routing types: a configured worker, the request as routed, a worker as a policy sees it, the decision."""
 
 from __future__ import annotations
 
@@ -7,6 +7,22 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from router.load_view import WorkerLoad
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """A worker as configured: the model it serves, its KV block size and block count."""
+
+    worker_id: str
+    model: str
+    block_size: int
+    num_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"workers.{self.worker_id}.block_size must be >= 1")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"workers.{self.worker_id}.num_blocks must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)

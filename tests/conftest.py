@@ -1,32 +1,30 @@
-"""Fixtures shared by every test package."""
+"""Fixtures shared by every test package: free loopback ports (loadtest.procs), a manual clock, the tiny
+model folder."""
 
 from __future__ import annotations
 
-import socket
+from pathlib import Path
 
 import pytest
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from kvgate.clock import ManualClock
+from loadtest.procs import free_port
+from tests.tiny_models import build_model_dir
 
 
 def free_port_pair() -> int:
-    """A port P with P and P + 1 both free: a KV-event endpoint and its replay socket."""
-    for _ in range(200):
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free pair of adjacent ports")
+    """A port P whose replay port (P + 1) is free too: a KV-event endpoint and its replay socket."""
+    return free_port(pair=True)
 
 
 @pytest.fixture
-def port_factory():
-    return free_port
+def clock() -> ManualClock:
+    """The injected clock for router, admission and gateway logic; tests move it with advance()."""
+    return ManualClock()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """LlamaForCausalLM: 2 layers, 4 heads over 2 KV heads (GQA), untied lm_head; built once per
+    session for every package (worker, contract, kvgate up). Tests that change files work on a copy."""
+    return build_model_dir(tmp_path_factory.mktemp("tiny-llama"))

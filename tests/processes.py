@@ -5,14 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-import httpx
 import yaml
 
+from loadtest.procs import wait_healthy
 from tests.conftest import free_port
 
 
@@ -25,17 +24,7 @@ class Process:
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
 
     def wait_healthy(self, path: str = "/health", timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.url} exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}{path}", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.url}{path} not healthy after {timeout_s} s:\n{self.output()[-3000:]}")
+        wait_healthy(f"{self.url}{path}", self.proc, timeout_s, name=self.url, log_tail=lambda: self.output()[-3000:])
 
     def output(self) -> str:
         self.log.flush()

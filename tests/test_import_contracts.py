@@ -5,6 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # runs lint-imports as a child process
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

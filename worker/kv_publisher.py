@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import re
 import threading
 import time
 from collections import deque
@@ -20,6 +19,7 @@ from typing import Any
 import msgpack
 import zmq
 
+from kvgate.kv_endpoints import replay_endpoint
 from worker.engine.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 log = logging.getLogger(__name__)
@@ -64,12 +64,12 @@ def encode_batch(ts: float, events: Sequence[KVEvent], data_parallel_rank: int |
 
 
 def default_replay_endpoint(endpoint: str) -> str:
-    """The replay endpoint next to a tcp endpoint: same host, port + 1."""
-    match = re.fullmatch(r"(tcp://.+):(\d+)", endpoint)
-    if match is None:
+    """The replay endpoint next to a tcp endpoint (kvgate.kv_endpoints: same host, port + 1)."""
+    replay = replay_endpoint(endpoint)
+    if replay is None:
         raise ValueError(f"kv_events.replay_endpoint must be given for endpoint {endpoint!r} "
                          "(port + 1 needs tcp://host:port)")
-    return f"{match.group(1)}:{int(match.group(2)) + 1}"
+    return replay
 
 
 def _bind_socket(socket: zmq.Socket, endpoint: str, what: str) -> str:

@@ -12,25 +12,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from kvgate.api_error import ApiError
 from worker.engine.sampling_params import SamplingParams
 
 MAX_STOP_STRINGS = 16
-
-
-class ApiError(Exception):
-    """An error returned to the client as `{"error": {"message", "type", "param", "code"}}`."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,11 +21,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from kvgate.api_error import ApiError
 from worker.async_engine import AsyncEngine, EngineShutDown
 from worker.engine.engine import RequestOutput
 from worker.metrics import WorkerMetrics
 from worker.model.tokenizer import ModelTokenizer
-from worker.openai_api import ApiError, GenerateRequest, parse_chat, parse_completion, parse_json
+from worker.openai_api import GenerateRequest, parse_chat, parse_completion, parse_json
 
 
 @dataclass(slots=True)
@@ -56,13 +57,9 @@ def build_app(state: WorkerState) -> Starlette:
     return app
 
 
-def error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
-
-
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return error_response(ApiError(exc.status_code, exc.detail or "error", type_))
+    return ApiError(exc.status_code, exc.detail or "error", type_).response(exc.headers)
 
 
 def _state(request: Request) -> WorkerState:
@@ -108,7 +105,7 @@ async def _generate(request: Request, kind: str) -> Response:
         prompt_ids = _prompt_token_ids(state, req)
         req = _fit_context(state, req, len(prompt_ids))
     except ApiError as error:
-        return error_response(error)
+        return error.response()
     prefix = "cmpl" if kind == "completion" else "chatcmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     headers = {"x-request-id": request_id, "x-kvgate-executor": state.executor_name}
@@ -120,7 +117,7 @@ async def _generate(request: Request, kind: str) -> Response:
     try:
         final = await _collect_unless_disconnected(request, outputs)
     except ApiError as error:
-        return error_response(error)
+        return error.response()
     if final is None:
         return Response(status_code=499)
     return JSONResponse(shaper.full_response(*final), headers=headers)

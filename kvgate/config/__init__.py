@@ -16,9 +16,12 @@ from kvgate.config.schema import (
     LimitsConfig,
     OutlierConfig,
     PolicyConfig,
+    PolicyFileConfig,
     PoolConfig,
     RedisConfig,
     RoutingConfig,
+    RuleConfig,
+    RuleMatchConfig,
     ServerConfig,
     UpstreamConfig,
     WorkerConfig,
@@ -30,9 +33,14 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Kvgat
     return load_yaml_file(path, KvgateConfig, env=env)
 
 
+def load_policy_file(path: str | Path, env: Mapping[str, str] | None = None) -> PolicyFileConfig:
+    """Load a routing-policy file (routing.policies_file) with the same loader and messages."""
+    return load_yaml_file(path, PolicyFileConfig, env=env)
+
+
 __all__ = [
     "ApiKeyConfig", "AuthConfig", "BreakerConfig", "ConfigError", "HealthConfig", "KvgateConfig", "LaunchConfig",
-    "LimitsConfig", "OutlierConfig", "PolicyConfig", "PoolConfig", "RedisConfig", "RoutingConfig", "ServerConfig",
-    "UpstreamConfig", "WorkerConfig",
-    "build", "load_config",
+    "LimitsConfig", "OutlierConfig", "PolicyConfig", "PolicyFileConfig", "PoolConfig", "RedisConfig", "RoutingConfig",
+    "RuleConfig", "RuleMatchConfig", "ServerConfig", "UpstreamConfig", "WorkerConfig",
+    "build", "load_config", "load_policy_file",
 ]

@@ -17,8 +17,6 @@ from typing import Any, Literal, Mapping, TypeVar, Union
 
 import yaml
 
-from router.policy_config import yaml_error_message
-
 T = TypeVar("T")
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -44,6 +42,14 @@ def load_yaml_file(path: str | Path, cls: type[T], env: Mapping[str, str] | None
     except yaml.YAMLError as exc:
         raise ConfigError("", yaml_error_message(exc)) from None
     return build(cls, {} if data is None else data, env=env)
+
+
+def yaml_error_message(exc: yaml.YAMLError) -> str:
+    """A YAML syntax error on one line: `not valid YAML at line 3, column 7: <problem>`."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"not valid YAML{where}: {problem}"
 
 
 def build(cls: type[T], data: Any, path: str = "", env: Mapping[str, str] | None = None) -> T:

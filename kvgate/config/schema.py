@@ -12,13 +12,10 @@ from typing import Any, Literal
 from urllib.parse import ParseResult, urlparse
 
 from kvgate.config.loader import ConfigError
-from router.policies import build_params
+from kvgate.kv_endpoints import REPLAY_PORT_OFFSET, replay_port
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
-# The bundled worker binds its KV-event replay socket on the event port + 1, and the gateway
-# subscribes there (worker/kv_publisher.py default_replay_endpoint, gateway/fleet.py replay_endpoint).
-REPLAY_PORT_OFFSET = 1
 
 
 def _has_bad_port(parsed: ParseResult) -> bool:
@@ -180,7 +177,7 @@ class WorkerConfig:
         if kv_port is None and self.launch is not None:
             raise ConfigError("kv_events_endpoint", "a launched worker needs tcp://HOST:PORT "
                               f"(it binds its replay socket on PORT + {REPLAY_PORT_OFFSET})")
-        if kv_port is not None and kv_port + REPLAY_PORT_OFFSET > 65535:
+        if kv_port is not None and replay_port(kv_port) > 65535:
             raise ConfigError("kv_events_endpoint", f"port {kv_port} leaves no port for the replay socket "
                               f"(PORT + {REPLAY_PORT_OFFSET})")
 
@@ -200,7 +197,7 @@ class WorkerConfig:
         ports = [] if self.port is None else [(self.port, "url", "")]
         if self.kv_events_port is not None:
             ports.append((self.kv_events_port, "kv_events_endpoint", ""))
-            ports.append((self.kv_events_port + REPLAY_PORT_OFFSET, "kv_events_endpoint",
+            ports.append((replay_port(self.kv_events_port), "kv_events_endpoint",
                           f" (replay socket, PORT + {REPLAY_PORT_OFFSET})"))
         return ports
 
@@ -255,25 +252,24 @@ class OutlierConfig:
 
 @dataclass(frozen=True, slots=True)
 class RoutingConfig:
-    """policies_file: YAML routing rules (configs/policies/); None routes each pool by its policy."""
+    """policies_file: YAML routing rules (configs/policies/; reloaded on SIGHUP and when the file
+    changes, checked every policies_watch_interval_s); None routes each pool by its own policy."""
 
     policies_file: str | None = None
+    policies_watch_interval_s: float = 1.0
     debug_header: bool = True
+
+    def __post_init__(self) -> None:
+        _check_positive(self.policies_watch_interval_s, "policies_watch_interval_s")
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
-    """The routing policy for a pool: a type name and its parameters (checked against the router's table)."""
+    """A routing policy: a type name and its parameters (the router checks both when the gateway
+    builds its rules: gateway/routing_config.py)."""
 
     type: str = "kv_aware"
     parameters: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        try:
-            build_params(self.type, self.parameters)
-        except ValueError as exc:  # build_params says "type: why" or "parameters.NAME: why"
-            key, _, problem = str(exc).partition(": ")
-            raise ConfigError(key, problem) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,3 +341,50 @@ class KvgateConfig:
 
     def launched_workers(self) -> list[WorkerConfig]:
         return [w for pool in self.pools.values() for w in pool.workers if w.launch is not None]
+
+
+# -- the routing-policy file (routing.policies_file) ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RuleMatchConfig:
+    """Which requests a rule takes: every given field must match (none given: all requests)."""
+
+    model: str | None = None  # shell wildcards allowed ("llama-*")
+    tenant: str | None = None
+    priority: int | None = None
+    header: dict[str, str] = field(default_factory=dict)  # names are case-insensitive
+    path: str | None = None  # wildcards allowed ("/v1/chat/*")
+
+
+@dataclass(frozen=True, slots=True)
+class RuleConfig:
+    """One named rule: matching requests go to pool with policy (fallback_pool when pool has no
+    healthy worker for the model)."""
+
+    name: str
+    pool: str
+    match: RuleMatchConfig = field(default_factory=RuleMatchConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    fallback_pool: str | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("name", "pool", "fallback_pool"):
+            if getattr(self, key) == "":
+                raise ConfigError(key, "must be a non-empty string")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyFileConfig:
+    """The routing-policy file: rules tried in order, the first that matches wins."""
+
+    rules: tuple[RuleConfig, ...]
+
+    def __post_init__(self) -> None:
+        if not self.rules:
+            raise ConfigError("rules", "must be a non-empty list")
+        seen: dict[str, int] = {}
+        for i, rule in enumerate(self.rules):
+            if rule.name in seen:
+                raise ConfigError(f"rules[{i}].name", f"duplicate rule name {rule.name!r} (also rules[{seen[rule.name]}])")
+            seen[rule.name] = i

@@ -5,14 +5,6 @@ import pytest
 from admission.retry_budget import RetryBudget, RetryBudgetConfig
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def spend_all(budget: RetryBudget) -> int:
     spent = 0
     while budget.try_spend():
@@ -20,8 +12,7 @@ def spend_all(budget: RetryBudget) -> int:
     return spent
 
 
-def test_retries_are_capped_at_ratio_of_requests_plus_floor():
-    clock = FakeClock()
+def test_retries_are_capped_at_ratio_of_requests_plus_floor(clock):
     budget = RetryBudget(RetryBudgetConfig(ratio=0.1, min_retries_per_s=0.5, window_s=10), clock)
     for _ in range(1000):
         budget.record_request()
@@ -29,18 +20,17 @@ def test_retries_are_capped_at_ratio_of_requests_plus_floor():
     assert budget.refused == 1
 
 
-def test_floor_allows_a_few_retries_with_no_traffic():
-    budget = RetryBudget(RetryBudgetConfig(ratio=0.1, min_retries_per_s=1.0, window_s=10), FakeClock())
+def test_floor_allows_a_few_retries_with_no_traffic(clock):
+    budget = RetryBudget(RetryBudgetConfig(ratio=0.1, min_retries_per_s=1.0, window_s=10), clock)
     assert spend_all(budget) == 10
 
 
-def test_budget_refills_as_the_window_slides():
-    clock = FakeClock()
+def test_budget_refills_as_the_window_slides(clock):
     budget = RetryBudget(RetryBudgetConfig(ratio=0.5, min_retries_per_s=0.0, window_s=10), clock)
     for _ in range(20):
         budget.record_request()
     assert spend_all(budget) == 10
-    clock.now += 11
+    clock.advance(11)
     assert not budget.try_spend()  # old requests left the window too
     for _ in range(4):
         budget.record_request()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from router.tokenization import RoutingTokenizer
-from tests.worker.conftest import CHAT_TEMPLATE, build_tokenizer
+from tests.tiny_models import CHAT_TEMPLATE, build_tokenizer
 from worker.model.tokenizer import ModelTokenizer, load_tokenizer
 from worker.openai_api import parse_chat
 

@@ -18,6 +18,7 @@ import msgpack
 import pytest
 import zmq
 
+from kvgate.kv_endpoints import replay_endpoint
 from router.block_keys import block_keys
 from router.kv_index import KvIndex
 from router.subscriber import KvEventSubscriber
@@ -151,6 +152,7 @@ def test_a_subscriber_that_missed_batches_recovers_them_by_replay(engine_with_pu
     assert [seq for seq, _ in later] == list(range(2, len(batches)))
 
 
+@pytest.mark.slow
 def test_router_keys_for_a_chat_equal_the_keys_a_real_worker_publishes(tiny_llama_dir):
     """End to end across processes: a real worker serves a chat; the router's subscriber
     indexes its events; the router's own keys for that chat are all found at that worker."""
@@ -168,8 +170,8 @@ def test_router_keys_for_a_chat_equal_the_keys_a_real_worker_publishes(tiny_llam
 
         index = KvIndex()
         index.add_worker("w0", model_name="tiny")
-        subscriber = KvEventSubscriber("w0", index, f"tcp://127.0.0.1:{kv_port}",
-                                       replay_endpoint=f"tcp://127.0.0.1:{kv_port + 1}")
+        endpoint = f"tcp://127.0.0.1:{kv_port}"
+        subscriber = KvEventSubscriber("w0", index, endpoint, replay_endpoint=replay_endpoint(endpoint))
         subscriber.start()
         await asyncio.sleep(0.3)
         async with httpx.AsyncClient(timeout=60) as client:

@@ -8,8 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import free_port_pair
 from tests.processes import gateway_process, running, worker_process
-from tests.worker.conftest import build_model_dir
+from tests.tiny_models import build_model_dir
 
 API_KEY = "test-key"
 MODEL = "tiny"
@@ -18,7 +19,9 @@ BLOCK_SIZE = 8
 
 @pytest.fixture(scope="session")
 def gateway_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Speaks only plain words, so mid-stream failover can continue from the delivered text exactly."""
+    """Speaks only plain words, so mid-stream failover can continue from the delivered text exactly
+    (a build of its own: a word-level tokenizer and no special tokens in its output, which the shared
+    tiny_llama_dir does not promise)."""
     return build_model_dir(tmp_path_factory.mktemp("gateway-tiny-llama"), plain_words=True)
 
 
@@ -67,8 +70,6 @@ def fleet(gateway_model_dir, tmp_path_factory):
     """Two real tiny-model workers (with KV events) behind a real gateway."""
     tmp = tmp_path_factory.mktemp("fleet")
     with ExitStack() as stack:
-        from tests.conftest import free_port_pair
-
         kv_ports = [free_port_pair() for _ in range(2)]
         workers = [start_tiny_worker(stack, gateway_model_dir, kv_port=p) for p in kv_ports]
         entries = [worker_entry(f"w{i}", w.url, kv_events_endpoint=f"tcp://127.0.0.1:{p}")

@@ -16,6 +16,7 @@ from tests.gateway.conftest import API_KEY, MODEL, metric_value
 BODY = {"model": MODEL, "prompt": "hello", "max_tokens": 1}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("headers", "query"),
     [
@@ -39,6 +40,7 @@ def test_requests_without_a_valid_key_get_401_in_openai_shape(fleet, headers, qu
     assert API_KEY not in response.text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("headers", [{"Authorization": f"Bearer {API_KEY}"}, {"x-api-key": API_KEY}],
                          ids=["bearer", "x-api-key"])
 def test_a_valid_key_is_accepted(fleet, headers):
@@ -46,6 +48,7 @@ def test_a_valid_key_is_accepted(fleet, headers):
     assert response.status_code == 200
 
 
+@pytest.mark.slow
 def test_refused_requests_are_counted_under_no_tenant(fleet):
     url = fleet["gateway"].url
     before = metric_value(url, "kvgate_requests_total", tenant="unauthenticated", status="401")
@@ -53,6 +56,7 @@ def test_refused_requests_are_counted_under_no_tenant(fleet):
     assert metric_value(url, "kvgate_requests_total", tenant="unauthenticated", status="401") == before + 1
 
 
+@pytest.mark.slow
 def test_health_and_metrics_need_no_key_and_never_show_one(fleet):
     url = fleet["gateway"].url
     assert httpx.get(f"{url}/health").status_code == 200
@@ -80,6 +84,7 @@ def test_key_comparison_time_does_not_depend_on_the_key():
     assert abs(right_s - wrong_s) / max(right_s, wrong_s) < 0.25
 
 
+@pytest.mark.slow
 def test_a_key_created_in_redis_is_accepted_by_a_gateway_using_that_redis(gateway_model_dir, tmp_path):
     import subprocess
     import sys

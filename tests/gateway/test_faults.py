@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from contextlib import ExitStack
@@ -10,26 +9,25 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
+from loadtest.sse import StreamReader
 from tests.gateway.conftest import (API_KEY, MODEL, gateway_config, metric_value, start_gateway,
                                     start_tiny_worker, worker_entry)
 from tests.processes import fake_worker_process, running
+
+pytestmark = pytest.mark.slow  # every test runs workers and a gateway as processes
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 def stream_text(response: httpx.Response, on_chunk=None) -> tuple[str, list[dict]]:
-    text, payloads = "", []
-    for line in response.iter_lines():
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            continue
-        payload = json.loads(line[6:])
+    """The streamed content and every chunk; on_chunk(number of chunks so far) after each with choices."""
+    reader, payloads = StreamReader(), []
+    for payload in reader.read(response.iter_lines()):
         payloads.append(payload)
-        if payload.get("choices"):
-            choice = payload["choices"][0]
-            text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
-            if on_chunk is not None:
-                on_chunk(len(payloads))
-    return text, payloads
+        if payload.get("choices") and on_chunk is not None:
+            on_chunk(len(payloads))
+    assert reader.error != "bad_chunk", "a data line that is not a JSON object"
+    return reader.text, payloads
 
 
 @pytest.mark.parametrize("kind", ["completion", "chat"])

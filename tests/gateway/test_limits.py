@@ -7,6 +7,8 @@ import pytest
 
 from tests.gateway.conftest import API_KEY, MODEL
 
+pytestmark = pytest.mark.slow  # every test runs against the process fleet
+
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 

@@ -9,7 +9,9 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.conftest import API_KEY, MODEL
+from tests.gateway.conftest import API_KEY, MODEL, metric_value
+
+pytestmark = pytest.mark.slow  # every test runs against the process fleet
 
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 
@@ -120,8 +122,6 @@ def test_health_ready_and_metrics(fleet):
 
 def test_index_size_is_exported_once_kv_events_arrive(client, fleet):
     """The KV index reports its size: blocks per worker (from the workers' events) and bytes."""
-    from tests.gateway.test_faults import metric_value
-
     raw = client.completions.with_raw_response.create(model=MODEL, prompt="index me " * 20, max_tokens=1, **GREEDY)
     worker = raw.headers["x-kvgate-worker"]
     deadline = time.monotonic() + 10

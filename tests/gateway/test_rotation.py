@@ -10,19 +10,16 @@ import pytest
 
 from gateway.breakers import CLOSED, HALF_OPEN, OPEN, WorkerBreaker
 from gateway.outliers import OutlierDetector
-from gateway.core import GatewayCore
+from gateway.fleet import Fleet
+from gateway.metrics import GatewayMetrics
+from gateway.routing_config import routing_rules
 from kvgate.config import KvgateConfig, OutlierConfig, build
 from router.kv_events import BlockStored
-from tests.gateway.conftest import gateway_config, start_gateway, worker_entry
+from router.kv_index import KvIndex
+from router.router import Router
+from router.types import WorkerSpec
+from tests.gateway.conftest import MODEL, gateway_config, start_gateway, worker_entry
 from tests.processes import Process, fake_worker_process, running
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_breaker_opens_after_consecutive_failures_then_one_trial_closes_it():
@@ -52,8 +49,7 @@ def test_failed_trial_reopens_the_breaker():
     assert breaker.state == OPEN and not breaker.available()
 
 
-def test_slow_worker_is_ejected_against_its_peers_and_readmitted_later():
-    clock = FakeClock()
+def test_slow_worker_is_ejected_against_its_peers_and_readmitted_later(clock):
     detector = OutlierDetector(OutlierConfig(min_samples=5, ratio=3.0, base_latency_s=0.1, ejection_s=30.0), clock)
     for worker in ("a", "b", "c"):
         detector.add_worker(worker)
@@ -63,7 +59,7 @@ def test_slow_worker_is_ejected_against_its_peers_and_readmitted_later():
     ejected = [detector.observe("c", 3.0, expected_s=0.5) for _ in range(5)]  # (3.0 + 0.1) / (0.5 + 0.1) = 5.2
     assert ejected == [False] * 4 + [True]
     assert detector.is_ejected("c") and not detector.is_ejected("a")
-    clock.now += 31
+    clock.advance(31)
     assert not detector.is_ejected("c")
 
 
@@ -72,10 +68,10 @@ def test_slow_worker_is_ejected_against_its_peers_and_readmitted_later():
     ((0.1, 0.1), (0.3, 0.0)),
     ((0.02, 0.0), (2.0, 2.0)),
 ], ids=["long-prompts-on-time", "tiny-prompts-a-few-steps", "cold-prompts-beside-peers-serving-cache-hits"])
-def test_a_worker_busy_with_its_work_is_not_ejected(peers, worker):
+def test_a_worker_busy_with_its_work_is_not_ejected(clock, peers, worker):
     """Raw time to first token far above its peers', but as the router expected for the work: the
     last case is a fast engine whose peers answer cache hits in 20 ms while it computes prompts."""
-    detector = OutlierDetector(OutlierConfig(min_samples=3, ratio=3.0, base_latency_s=0.25), FakeClock())
+    detector = OutlierDetector(OutlierConfig(min_samples=3, ratio=3.0, base_latency_s=0.25), clock)
     first_token_s, expected_s = peers
     for _ in range(3):
         detector.observe("a", first_token_s, expected_s)
@@ -83,10 +79,10 @@ def test_a_worker_busy_with_its_work_is_not_ejected(peers, worker):
     assert not any(detector.observe("c", *worker) for _ in range(10))
 
 
-def test_one_very_slow_request_does_not_eject_a_worker_but_a_run_of_them_does():
+def test_one_very_slow_request_does_not_eject_a_worker_but_a_run_of_them_does(clock):
     """A single long prompt can take 10x the router's linear expectation on a healthy worker
     (attention grows with the prompt's square): one observation counts for at most 2 x ratio."""
-    detector = OutlierDetector(OutlierConfig(min_samples=3, ratio=3.0, base_latency_s=0.25), FakeClock())
+    detector = OutlierDetector(OutlierConfig(min_samples=3, ratio=3.0, base_latency_s=0.25), clock)
     for _ in range(3):
         for worker in ("a", "b", "c"):
             detector.observe(worker, 0.3, expected_s=0.3)
@@ -96,9 +92,9 @@ def test_one_very_slow_request_does_not_eject_a_worker_but_a_run_of_them_does():
     assert [detector.observe("c", 63.0, expected_s=5.0) for _ in range(3)] == [False, False, True]
 
 
-def test_at_most_the_configured_fraction_of_a_pool_is_ejected():
+def test_at_most_the_configured_fraction_of_a_pool_is_ejected(clock):
     detector = OutlierDetector(OutlierConfig(min_samples=1, ratio=2.0, base_latency_s=0.01,
-                                             max_ejected_fraction=0.34), FakeClock())
+                                             max_ejected_fraction=0.34), clock)
     for worker in ("a", "b", "c"):
         detector.add_worker(worker)
     detector.observe("a", 0.01, expected_s=0.01)
@@ -114,9 +110,10 @@ def test_leaving_rotation_drops_index_entries_only_when_the_worker_failed(leave,
     config = build(KvgateConfig, gateway_config(
         [worker_entry(name, f"http://127.0.0.1:{port}") for name, port in (("a", 1), ("b", 2), ("c", 3))], None,
         outliers={"min_samples": 1, "ratio": 2.0}, breaker={"fail_max": 1}))
-    core = GatewayCore(config)
-    core.router.index.apply("c", [BlockStored([1, 2], None, list(range(32)), 16, None, "GPU")])
-    fleet = core.fleet
+    index = KvIndex()
+    router = Router({"default": [WorkerSpec(name, MODEL, 16) for name in "abc"]}, routing_rules(config), index=index)
+    fleet = Fleet(config, router, GatewayMetrics(), http=None)  # no health checks run here
+    index.apply("c", [BlockStored([1, 2], None, list(range(32)), 16, None, "GPU")])
     fleet.record_attempt("a", ok=True, first_byte_s=1.0, expected_first_byte_s=1.0)
     fleet.record_attempt("b", ok=True, first_byte_s=1.0, expected_first_byte_s=1.0)
     if leave == "ejected":
@@ -124,9 +121,10 @@ def test_leaving_rotation_drops_index_entries_only_when_the_worker_failed(leave,
     else:
         fleet.record_attempt("c", ok=False)
     assert not fleet.available("c") and not fleet.workers["c"].in_rotation
-    assert core.router.index.stats().blocks_per_worker["c"] == (2 if entries_kept else 0)
+    assert router.stats().index.blocks_per_worker["c"] == (2 if entries_kept else 0)
 
 
+@pytest.mark.slow
 def test_a_dead_worker_leaves_rotation_and_rejoins_when_it_comes_back(tmp_path):
     with ExitStack() as stack:
         first = fake_worker_process("status503")
@@ -154,6 +152,7 @@ def _wait_for(predicate, timeout_s: float = 10.0) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_per_pool_and_per_worker_counters_exist_at_zero_from_the_start(tmp_path):
     """Dashboards show 0 retries, failovers and ejections, not "no data", before the first one."""
     with ExitStack() as stack:

@@ -10,6 +10,8 @@ import pytest
 from kvgate.keys import hash_key
 from tests.conftest import free_port
 
+pytestmark = pytest.mark.slow  # every test runs `python -m kvgate` as a child process
+
 
 def kvgate(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kvgate", *args], capture_output=True, text=True,

@@ -111,16 +111,6 @@ BAD = [
     ("port-clash",
      "pools: {default: {model: m, workers: [{name: a, url: 'http://127.0.0.1:8000', launch: {}}]}}",
      "pools.default.workers[0].url: port 8000 is already used by gateway.port"),
-    ("unknown-pool-policy-type",
-     f"pools: {{default: {{model: m, workers: [{WORKER}], policy: {{type: fastest}}}}}}",
-     "pools.default.policy.type: unknown policy type 'fastest' (known: kv_aware, least_load, power_of_two, "
-     "prefix_approx, random, round_robin, session_affinity)"),
-    ("unknown-pool-policy-parameter",
-     f"pools: {{default: {{model: m, workers: [{WORKER}], policy: {{type: least_load, parameters: {{slack: 1}}}}}}}}",
-     "pools.default.policy.parameters.slack: unknown parameter"),
-    ("bad-pool-policy-parameter",
-     f"pools: {{default: {{model: m, workers: [{WORKER}], policy: {{parameters: {{slack: -0.5}}}}}}}}",
-     "pools.default.policy.parameters.slack: must be >= 0, got -0.5"),
     ("empty-model",
      f"pools: {{default: {{model: '', workers: [{WORKER}]}}}}",
      "pools.default.model: must be a non-empty string"),
@@ -217,7 +207,7 @@ def test_sockets_on_distinct_ports_load(tmp_path, text):
 
 
 def test_replay_port_is_the_one_the_worker_binds_and_the_gateway_subscribes_to():
-    from gateway.fleet import replay_endpoint
+    from kvgate.kv_endpoints import replay_endpoint
     from worker.kv_publisher import default_replay_endpoint
 
     endpoint = "tcp://127.0.0.1:8721"

@@ -13,10 +13,15 @@ WORKER_METRICS = re.compile(r"\b(vllm:[a-z_]+)")
 
 def test_dashboard_queries_name_metrics_we_export():
     from gateway.metrics import GatewayMetrics
+    from router.router import Router
+    from router.rules import RoutingRules, rule
+    from router.types import WorkerSpec
     from worker.metrics import WorkerMetrics
 
+    gateway = GatewayMetrics()
+    gateway.watch_router(Router({"p": [WorkerSpec("w", "m", 16)]}, RoutingRules((rule("d", "p"),))).stats)
     exported = set()
-    for registry in (GatewayMetrics().registry, WorkerMetrics("m", "sim").registry):
+    for registry in (gateway.registry, WorkerMetrics("m", "sim").registry):
         for family in registry.collect():  # series appear once labelled: name them by type
             suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(family.type, [""])
             exported.update(family.name + suffix for suffix in suffixes)

@@ -9,20 +9,14 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from kvgate.supervisor import ChildFailed, ChildSpec, Supervisor
+from kvgate.supervisor import ChildFailed, Supervisor
 from tests.conftest import free_port
+from tests.kvgate.fake_children import FAKE_CHILD, fake, read_ready_pid
 
-FAKE_CHILD = str(Path(__file__).with_name("fake_child.py"))
-
-
-def fake(name: str, *flags: str, critical: bool = False) -> tuple[ChildSpec, int]:
-    port = free_port()
-    argv = (sys.executable, FAKE_CHILD, str(port), *flags)
-    return ChildSpec(name=name, argv=argv, health_url=f"http://127.0.0.1:{port}/health", critical=critical), port
+pytestmark = pytest.mark.slow  # every test supervises real child processes
 
 
 def alive(pid: int) -> bool:
@@ -137,13 +131,6 @@ sup.watch()
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert wait_gone(child_pid)
-
-
-def read_ready_pid(proc: subprocess.Popen) -> int:
-    for line in proc.stdout:
-        if line.startswith("READY"):
-            return int(line.split()[1])
-    raise AssertionError(f"supervisor exited with {proc.wait()} before its children were ready")
 
 
 def test_sigterm_to_supervisor_run_stops_all_children_cleanly():

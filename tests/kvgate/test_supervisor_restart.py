@@ -16,7 +16,9 @@ import pytest
 
 from kvgate.supervisor import ChildFailed, RestartPolicy, Supervisor
 from tests.conftest import free_port
-from tests.kvgate.test_supervisor import FAKE_CHILD, fake, read_ready_pid
+from tests.kvgate.fake_children import FAKE_CHILD, fake, read_ready_pid
+
+pytestmark = pytest.mark.slow  # every test supervises real child processes
 
 QUICK = RestartPolicy(initial_delay_s=0.1, max_delay_s=0.4, reset_after_s=60.0, max_failed_starts=3)
 

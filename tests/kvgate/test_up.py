@@ -13,25 +13,21 @@ import pytest
 import yaml
 
 from tests.conftest import free_port, free_port_pair
-from tests.worker.conftest import build_model_dir
+
+pytestmark = pytest.mark.slow  # `kvgate up` starts real worker and gateway processes
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_model_dir(tmp_path_factory.mktemp("up-model"))
-
-
-def test_up_starts_the_stack_serves_the_sdk_and_stops_cleanly_on_ctrl_c(model_dir, tmp_path):
+def test_up_starts_the_stack_serves_the_sdk_and_stops_cleanly_on_ctrl_c(tiny_llama_dir, tmp_path):
     gateway_port = free_port()
     workers = []
     for i in range(2):
         port, kv = free_port(), free_port_pair()
         workers.append({"name": f"s{i}", "url": f"http://127.0.0.1:{port}",
                         "kv_events_endpoint": f"tcp://127.0.0.1:{kv}",
-                        "launch": {"model": str(model_dir), "executor": "sim", "num_blocks": 256,
+                        "launch": {"model": str(tiny_llama_dir), "executor": "sim", "num_blocks": 256,
                                    "served_model_name": "tiny", "sim_timing": "name=fast,step_overhead_s=0.001"}})
     config = {"gateway": {"host": "127.0.0.1", "port": gateway_port},
-              "pools": {"default": {"model": "tiny", "tokenizer": str(model_dir), "workers": workers}}}
+              "pools": {"default": {"model": "tiny", "tokenizer": str(tiny_llama_dir), "workers": workers}}}
     path = tmp_path / "stack.yaml"
     path.write_text(yaml.safe_dump(config))
     env = {**os.environ, "KVGATE_API_KEY": "up-test-key"}

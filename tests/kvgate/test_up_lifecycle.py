@@ -16,14 +16,10 @@ import pytest
 import yaml
 
 from tests.conftest import free_port, free_port_pair
-from tests.worker.conftest import build_model_dir
+
+pytestmark = pytest.mark.slow  # `kvgate up` starts real worker and gateway processes
 
 API_KEY = "lifecycle-test-key"
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_model_dir(tmp_path_factory.mktemp("lifecycle-model"))
 
 
 class Up:
@@ -101,9 +97,9 @@ def complete(gateway_port: int, text: str = "hi") -> httpx.Response:
                       json={"model": "tiny", "messages": [{"role": "user", "content": text}], "max_tokens": 2})
 
 
-def test_a_killed_worker_is_restarted_while_the_gateway_serves_on_the_other(model_dir, tmp_path):
+def test_a_killed_worker_is_restarted_while_the_gateway_serves_on_the_other(tiny_llama_dir, tmp_path):
     gateway_port = free_port()
-    up = Up(write_config(tmp_path, model_dir, gateway_port, num_workers=2))
+    up = Up(write_config(tmp_path, tiny_llama_dir, gateway_port, num_workers=2))
     try:
         up.wait_for("Press Ctrl-C to stop.")
         os.kill(up.child_pid("--worker-id s0"), signal.SIGKILL)
@@ -123,12 +119,12 @@ def test_a_killed_worker_is_restarted_while_the_gateway_serves_on_the_other(mode
         assert up.close() == 0, up.output()
 
 
-def test_sighup_reloads_the_gateway_policies_and_the_stack_keeps_running(model_dir, tmp_path):
+def test_sighup_reloads_the_gateway_policies_and_the_stack_keeps_running(tiny_llama_dir, tmp_path):
     policies = tmp_path / "policies.yaml"
     policies.write_text(yaml.safe_dump({"rules": [{"name": "all", "pool": "default",
                                                    "policy": {"type": "round_robin"}}]}))
     gateway_port = free_port()
-    up = Up(write_config(tmp_path, model_dir, gateway_port, num_workers=1, policies_file=str(policies)))
+    up = Up(write_config(tmp_path, tiny_llama_dir, gateway_port, num_workers=1, policies_file=str(policies)))
     try:
         up.wait_for("Press Ctrl-C to stop.")
         gateway_pid = up.child_pid("gateway --config")
@@ -142,9 +138,9 @@ def test_sighup_reloads_the_gateway_policies_and_the_stack_keeps_running(model_d
         assert up.close() == 0, up.output()
 
 
-def test_sighup_without_a_policies_file_is_ignored_and_the_stack_keeps_running(model_dir, tmp_path):
+def test_sighup_without_a_policies_file_is_ignored_and_the_stack_keeps_running(tiny_llama_dir, tmp_path):
     gateway_port = free_port()
-    up = Up(write_config(tmp_path, model_dir, gateway_port, num_workers=1))
+    up = Up(write_config(tmp_path, tiny_llama_dir, gateway_port, num_workers=1))
     try:
         up.wait_for("Press Ctrl-C to stop.")
         up.proc.send_signal(signal.SIGHUP)
@@ -154,12 +150,12 @@ def test_sighup_without_a_policies_file_is_ignored_and_the_stack_keeps_running(m
         assert up.close() == 0, up.output()
 
 
-def test_a_gateway_that_cannot_bind_its_port_stops_the_stack_with_status_1(model_dir, tmp_path):
+def test_a_gateway_that_cannot_bind_its_port_stops_the_stack_with_status_1(tiny_llama_dir, tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         gateway_port = taken.getsockname()[1]
-        up = Up(write_config(tmp_path, model_dir, gateway_port, num_workers=1))
+        up = Up(write_config(tmp_path, tiny_llama_dir, gateway_port, num_workers=1))
         try:
             assert up.proc.wait(timeout=60) == 1
         finally:

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from kvgate.cli import main as kvgate_main
 from tests.conftest import free_port
 from tests.loadtest.fake_upstream import Timing, build_app, serve_in_thread
@@ -40,6 +42,7 @@ def test_bench_refuses_an_unknown_workload_parameter(tmp_path, capsys):
     assert "unknown parameter 'pages'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bench_run_where_no_request_succeeds_writes_its_outputs_and_exits_1(tmp_path):
     dead_url = f"http://127.0.0.1:{free_port()}/v1"
     result = subprocess.run([sys.executable, "-m", "kvgate", "bench", "run", "--url", dead_url, "--model", "m",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 import yaml
 
 from loadtest.driver import DriverConfig
@@ -14,6 +15,7 @@ from loadtest.workloads import build_workload
 FAKE_GATEWAY = (sys.executable, "-m", "tests.loadtest.fake_gateway")
 
 
+@pytest.mark.slow
 def test_fleet_runs_the_workload_once_per_policy_through_a_gateway_over_sim_workers(tmp_path):
     _, specs = build_workload("multi_tenant_long_prefix", 0, {"num_requests": "6", "prefix_tokens": "200",
                                                                "output_tokens": "4"})
@@ -49,6 +51,7 @@ def test_gateway_config_written_for_a_policy_loads_with_the_kvgate_schema(tmp_pa
     assert (pool.policy.type, pool.workers[0].url, config.gateway.port) == ("session_affinity", "http://127.0.0.1:9101", 9300)
 
 
+@pytest.mark.slow
 def test_error_fault_through_a_proxy_shows_client_errors_then_recovers(tmp_path):
     from loadtest.faults import parse_fault
 

@@ -6,12 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvgate.clock import ManualClock
 from router.block_keys import block_keys
 from router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from router.kv_index import KvIndex
 from router.mask_table import MAX_LOAD
-
-from conftest import FakeClock
 
 MODEL = "m"
 B = 4
@@ -241,7 +240,7 @@ def test_match_equals_a_brute_force_walk_with_overlapping_predictions_and_wide_m
     """Predictions are leading blocks of two prompts that share their first two blocks; with
     expire_first, every other one is recorded and expires before the rest are recorded; with
     `wide`, 64 other workers come first, so these get slots >= 64 (two-word masks)."""
-    clock = FakeClock()
+    clock = ManualClock()
     index = KvIndex(clock=clock, predicted_ttl_s=2.0)
     if wide:
         for i in range(64):

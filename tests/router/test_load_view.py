@@ -14,15 +14,15 @@ def loads(clock) -> LoadView:
 
 
 def test_dispatch_counts_immediately(loads: LoadView) -> None:
-    loads.on_dispatch("w0", "r1", prefill_tokens=500)
+    loads.on_dispatch("w0", prefill_tokens=500)
     load = loads.get("w0")
     assert (load.in_flight_requests, load.prefill_tokens_queued, load.decode_seqs_running) == (1, 500, 0)
 
 
 def test_first_token_moves_prefill_to_decode_and_samples_the_rate(loads: LoadView, clock) -> None:
-    loads.on_dispatch("w0", "r1", prefill_tokens=500)
+    r1 = loads.on_dispatch("w0", prefill_tokens=500)
     clock.advance(0.25)  # 2000 tokens/s measured
-    loads.on_first_token("r1")
+    loads.on_first_token(r1)
     load = loads.get("w0")
     assert (load.prefill_tokens_queued, load.decode_seqs_running) == (0, 1)
     assert load.prefill_tokens_per_s == pytest.approx(2000.0)  # the first sample replaces the prior
@@ -36,34 +36,34 @@ def test_first_token_moves_prefill_to_decode_and_samples_the_rate(loads: LoadVie
 def test_prefill_rate_sample_counts_the_work_queued_ahead(
     loads: LoadView, clock, first_prefill: int, second_prefill: int, expected_rate: float
 ) -> None:
-    loads.on_dispatch("w0", "r1", prefill_tokens=first_prefill)
-    loads.on_dispatch("w0", "r2", prefill_tokens=second_prefill)
-    loads.on_finish("r1")  # a failure: no sample from r1
+    r1 = loads.on_dispatch("w0", prefill_tokens=first_prefill)
+    r2 = loads.on_dispatch("w0", prefill_tokens=second_prefill)
+    loads.on_finish(r1)  # a failure: no sample from r1
     clock.advance(0.333333333)  # r2 waited for r1's 300 tokens, then its own 200: 1500 tokens/s
-    loads.on_first_token("r2")
+    loads.on_first_token(r2)
     assert loads.get("w0").prefill_tokens_per_s == pytest.approx(expected_rate, rel=1e-6)
 
 
 def test_finish_releases_and_samples_decode_rate(loads: LoadView, clock) -> None:
-    loads.on_dispatch("w0", "r1", prefill_tokens=100)
-    loads.on_first_token("r1")
+    r1 = loads.on_dispatch("w0", prefill_tokens=100)
+    loads.on_first_token(r1)
     clock.advance(1.0)
-    loads.on_finish("r1", output_tokens=31)  # 30 tokens/s
+    loads.on_finish(r1, output_tokens=31)  # 30 tokens/s
     load = loads.get("w0")
     assert (load.in_flight_requests, load.decode_seqs_running, load.prefill_tokens_queued) == (0, 0, 0)
     assert load.decode_tokens_per_s == pytest.approx(30.0)
 
 
 def test_failure_before_first_token_releases_the_queued_prefill(loads: LoadView) -> None:
-    loads.on_dispatch("w0", "r1", prefill_tokens=100)
-    loads.on_finish("r1")
+    r1 = loads.on_dispatch("w0", prefill_tokens=100)
+    loads.on_finish(r1)
     load = loads.get("w0")
     assert (load.in_flight_requests, load.prefill_tokens_queued, load.decode_seqs_running) == (0, 0, 0)
     assert load.prefill_tokens_per_s == 1000.0
 
 
 def test_scraped_queue_counts_when_larger_than_ours(loads: LoadView) -> None:
-    loads.on_dispatch("w0", "r1", prefill_tokens=1)
+    loads.on_dispatch("w0", prefill_tokens=1)
     loads.set_scraped("w0", waiting_requests=3, running_requests=2, kv_usage_frac=0.4)
     assert loads.get("w0").num_requests == 5
     assert loads.get("w0").kv_usage_frac == 0.4
@@ -74,23 +74,35 @@ def test_kv_usage_outside_zero_one_is_rejected(loads: LoadView) -> None:
         loads.set_scraped("w0", kv_usage_frac=1.5)
 
 
-def test_removing_a_worker_forgets_its_requests(loads: LoadView) -> None:
-    loads.on_dispatch("w0", "r1", prefill_tokens=1)
+def test_removing_a_worker_forgets_it_and_its_requests_end_without_bringing_it_back(loads: LoadView) -> None:
+    r1 = loads.on_dispatch("w0", prefill_tokens=1)
     loads.remove_worker("w0")
-    assert loads.worker_of("r1") is None
+    loads.on_first_token(r1)
+    loads.on_finish(r1)
+    assert "w0" not in loads.loads
+    assert loads.get("w0").in_flight_requests == 0  # a worker added again starts clean
+
+
+def test_an_attempt_ends_once(loads: LoadView) -> None:
+    r1 = loads.on_dispatch("w0", prefill_tokens=100)
+    loads.on_finish(r1)
+    loads.on_finish(r1)
+    assert loads.on_first_token(r1) is None
+    load = loads.get("w0")
+    assert (load.in_flight_requests, load.prefill_tokens_queued, load.decode_seqs_running) == (0, 0, 0)
 
 
 def test_num_requests_follows_every_change_of_the_counts() -> None:
     """num_requests is stored (read per candidate per decision): each change refreshes it."""
     loads = LoadView()
     assert loads.get("w0").num_requests == 0
-    loads.on_dispatch("w0", "a", 10)
-    loads.on_dispatch("w0", "b", 10)
+    a = loads.on_dispatch("w0", 10)
+    loads.on_dispatch("w0", 10)
     assert loads.get("w0").num_requests == 2
     loads.set_scraped("w0", waiting_requests=3, running_requests=1)
     assert loads.get("w0").num_requests == 4
     loads.set_scraped("w0", waiting_requests=None, running_requests=None)
-    loads.on_finish("a")
+    loads.on_finish(a)
     assert loads.get("w0").num_requests == 1
     assert WorkerLoad(in_flight_requests=2, scraped_waiting_requests=5).num_requests == 5
 
@@ -98,15 +110,15 @@ def test_num_requests_follows_every_change_of_the_counts() -> None:
 def test_our_own_requests_move_the_scraped_snapshot_on_until_the_next_scrape(loads: LoadView) -> None:
     """Scraped while r1 waited: its first token and finish update the snapshot, so a worker whose
     only request just finished does not look busy for up to a scrape interval."""
-    loads.on_dispatch("w0", "r1", prefill_tokens=10)
+    r1 = loads.on_dispatch("w0", prefill_tokens=10)
     loads.set_scraped("w0", waiting_requests=2, running_requests=0)  # r1 and another gateway's request
-    loads.on_first_token("r1")
+    loads.on_first_token(r1)
     load = loads.get("w0")
     assert (load.scraped_waiting_requests, load.scraped_running_requests, load.num_requests) == (1, 1, 2)
-    loads.on_finish("r1", output_tokens=4)
+    loads.on_finish(r1, output_tokens=4)
     assert (load.scraped_waiting_requests, load.scraped_running_requests, load.num_requests) == (1, 0, 1)
-    loads.on_dispatch("w0", "r2", prefill_tokens=10)
-    loads.on_finish("r2")  # failed before its first token
+    r2 = loads.on_dispatch("w0", prefill_tokens=10)
+    loads.on_finish(r2)  # failed before its first token
     assert (load.scraped_waiting_requests, load.num_requests) == (0, 0)
 
 
@@ -116,10 +128,10 @@ def test_the_first_rate_samples_are_averaged_then_weighted_by_ewma_alpha(clock) 
     loads = LoadView(LoadPriors(prefill_tokens_per_s=8000.0, ewma_alpha=0.2, min_rate_sample_tokens=100), clock=clock)
     rates = []
     for i, seconds in enumerate((1.0, 0.5, 1.0, 1.0, 1.0, 1.0)):  # 250, 500, then 250 tokens/s
-        loads.on_dispatch("w0", f"r{i}", prefill_tokens=250)
+        flight = loads.on_dispatch("w0", prefill_tokens=250)
         clock.advance(seconds)
-        loads.on_first_token(f"r{i}")
-        loads.on_finish(f"r{i}")
+        loads.on_first_token(flight)
+        loads.on_finish(flight)
         rates.append(loads.get("w0").prefill_tokens_per_s)
     assert rates[:5] == pytest.approx([250.0, 375.0, 1000 / 3, 312.5, 300.0])  # running mean (the 5th: 1/5 = alpha)
     assert rates[5] == pytest.approx(0.8 * 300.0 + 0.2 * 250.0)

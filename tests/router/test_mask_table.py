@@ -336,6 +336,7 @@ def test_remove_bits_many_with_keys_in_the_overflow_dict(bulk_min_keys) -> None:
     check_invariants(table, {})
 
 
+@pytest.mark.slow
 def test_remove_bits_many_on_a_large_table_drops_one_bit_everywhere() -> None:
     """Default threshold: thousands of keys take the vectorized path; the other bits stay."""
     rng = random.Random(3)

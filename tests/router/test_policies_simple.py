@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 
 import pytest
-from _views import request, view
 
 from router.policies.least_load import LeastLoad
 from router.policies.power_of_two import PowerOfTwo
 from router.policies.random_choice import RandomChoice
 from router.policies.round_robin import RoundRobin
+from tests.router._views import request, view
 
 
 def test_round_robin_rotates_the_first_choice() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from _views import request, view
 
 from router.policies.kv_aware import KvAware, KvAwareParams
+from tests.router._views import request, view
 
 PROMPT = 1024  # 64 blocks of 16
 

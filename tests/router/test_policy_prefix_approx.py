@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from _views import request, view
 
 from router.policies.prefix_approx import PrefixApprox
+from tests.router._views import request, view
 
 
 @pytest.mark.parametrize(

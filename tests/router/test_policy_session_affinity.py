@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from _views import request, view
-
 from router.policies.session_affinity import SessionAffinity, SessionAffinityParams
+from tests.router._views import request, view
 
 WORKERS = [view(f"w{i}") for i in range(8)]
 

@@ -1,4 +1,5 @@
-"""Router facade: rule -> pool -> tokens -> keys -> index -> policy, predicted entries, closed loop."""
+"""Router facade: rule -> pool -> tokens -> keys -> index -> policy -> a ticket; predicted entries,
+load and the closed loop, moved by the ticket as the request goes."""
 
 from __future__ import annotations
 
@@ -8,36 +9,41 @@ import pytest
 
 from router.block_keys import block_keys
 from router.kv_events import BlockStored
-from router.policy_config import load_policies
-from router.router import NoRouteError, Router, WorkerSpec
+from router.kv_index import KvIndex
+from router.load_view import LoadView
+from router.router import NoRouteError, Router
+from router.rules import RoutingRules, RuleMatch, rule
 from router.tokenization import RoutingTokenizer
-from router.types import RouteRequest
+from router.types import RouteRequest, WorkerSpec
 
-POLICIES = """
-rules:
-  - name: sticky
-    match: {header: {x-mode: sticky}}
-    pool: main
-    policy: {type: session_affinity}
-  - name: default
-    pool: main
-    fallback_pool: spare
-"""
+RULES = RoutingRules((
+    rule("sticky", "main", policy_type="session_affinity", match=RuleMatch(headers=(("x-mode", "sticky"),))),
+    rule("default", "main", fallback_pool="spare"),
+))
 PROMPT = list(range(1, 65))  # 4 blocks of 16
 
 
-def make_router(clock) -> Router:
-    pools = {
-        "main": [WorkerSpec(f"w{i}", "m", 16) for i in range(4)],
-        "spare": [WorkerSpec("s0", "m", 16)],
-    }
-    return Router(pools, load_policies(POLICIES), clock=clock, rng=random.Random(0))
+class Parts:
+    """A router with its index and load view in the test's hands."""
+
+    def __init__(self, clock) -> None:
+        pools = {
+            "main": [WorkerSpec(f"w{i}", "m", 16) for i in range(4)],
+            "spare": [WorkerSpec("s0", "m", 16)],
+        }
+        self.index = KvIndex(clock=clock)
+        self.load = LoadView(clock=clock)
+        self.router = Router(pools, RULES, index=self.index, load=self.load, clock=clock, rng=random.Random(0))
 
 
-def test_routes_to_the_worker_holding_the_prefix(clock) -> None:
-    router = make_router(clock)
-    router.index.apply("w2", [BlockStored([1, 2, 3], None, PROMPT[:48], 16, None, "GPU")])
-    decision = router.route(RouteRequest(model="m", prompt=PROMPT))
+@pytest.fixture
+def parts(clock) -> Parts:
+    return Parts(clock)
+
+
+def test_routes_to_the_worker_holding_the_prefix(parts) -> None:
+    parts.index.apply("w2", [BlockStored([1, 2, 3], None, PROMPT[:48], 16, None, "GPU")])
+    decision = parts.router.route(RouteRequest(model="m", prompt=PROMPT)).decision
     assert decision.worker_id == "w2"
     assert (decision.rule, decision.pool, decision.policy) == ("default", "main", "kv_aware")
     assert decision.predicted_cached_tokens == 48
@@ -45,118 +51,180 @@ def test_routes_to_the_worker_holding_the_prefix(clock) -> None:
     assert "policy=kv_aware rule=default pool=main" in decision.explain()
 
 
-def test_chosen_worker_gets_predicted_entries_until_they_expire(clock) -> None:
-    router = make_router(clock)
-    first = router.route(RouteRequest(model="m", prompt=PROMPT))
+def test_chosen_worker_gets_predicted_entries_until_they_expire(parts, clock) -> None:
+    first = parts.router.route(RouteRequest(model="m", prompt=PROMPT)).decision
     keys = block_keys(PROMPT, 16, "m")
-    assert router.index.match(keys) == {first.worker_id: (0, 4)}
-    assert router.route(RouteRequest(model="m", prompt=PROMPT)).worker_id == first.worker_id
+    assert parts.index.match(keys) == {first.worker_id: (0, 4)}
+    assert parts.router.route(RouteRequest(model="m", prompt=PROMPT)).decision.worker_id == first.worker_id
     clock.advance(11.0)  # kv_aware's prediction_ttl_s is 10 s
-    assert router.index.match(keys) == {}
+    assert parts.index.match(keys) == {}
 
 
-def test_a_worker_that_did_not_serve_the_request_loses_what_its_routing_predicted(clock) -> None:
+def test_a_worker_that_did_not_serve_the_request_loses_what_its_routing_predicted(parts) -> None:
     """Refused (a 4xx), failed before the first token, or left by its client: the blocks are not
     coming. What an earlier request predicted there (the shared head) stays."""
-    router = make_router(clock)
-    head = router.route(RouteRequest(model="m", prompt=PROMPT[:32], request_id="head"))
-    decision = router.route(RouteRequest(model="m", prompt=PROMPT, request_id="r1"))
-    assert decision.worker_id == head.worker_id
+    head = parts.router.route(RouteRequest(model="m", prompt=PROMPT[:32])).decision
+    ticket = parts.router.route(RouteRequest(model="m", prompt=PROMPT))
+    assert ticket.decision.worker_id == head.worker_id
     keys = block_keys(PROMPT, 16, "m")
-    router.withdraw_prediction("r1", "w-other")  # not the worker it predicted: nothing to withdraw
-    assert router.index.match(keys) == {head.worker_id: (0, 4)}
-    router.withdraw_prediction("r1", decision.worker_id)
-    assert router.index.match(keys) == {head.worker_id: (0, 2)}
+    other = next(w for w in ticket.candidates if w != ticket.decision.worker_id)
+    ticket.dispatched(other)  # not the worker it predicted: nothing to withdraw
+    ticket.attempt_failed()
+    assert parts.index.match(keys) == {head.worker_id: (0, 4)}
+    ticket.dispatched(ticket.decision.worker_id)
+    ticket.failed("refused")
+    assert parts.index.match(keys) == {head.worker_id: (0, 2)}
 
 
-def test_a_prediction_made_again_since_is_not_withdrawn(clock) -> None:
-    router = make_router(clock)
-    first = router.route(RouteRequest(model="m", prompt=PROMPT, request_id="r1"))
+def test_a_worker_that_computed_the_prompt_keeps_the_prediction(parts) -> None:
+    """A failure after the first token (a mid-stream failover) leaves the cache it built."""
+    ticket = parts.router.route(RouteRequest(model="m", prompt=PROMPT))
+    ticket.dispatched(ticket.decision.worker_id)
+    ticket.first_token()
+    ticket.attempt_failed()
+    ticket.failed("failover_failed")
+    assert parts.index.match(block_keys(PROMPT, 16, "m")) == {ticket.decision.worker_id: (0, 4)}
+
+
+def test_a_prediction_made_again_since_is_not_withdrawn(parts, clock) -> None:
+    first = parts.router.route(RouteRequest(model="m", prompt=PROMPT))
     clock.advance(1.0)
-    assert router.route(RouteRequest(model="m", prompt=PROMPT, request_id="r2")).worker_id == first.worker_id
-    router.withdraw_prediction("r1", first.worker_id)  # r2, in flight, predicts the same blocks
-    assert router.index.match(block_keys(PROMPT, 16, "m")) == {first.worker_id: (0, 4)}
+    assert parts.router.route(RouteRequest(model="m", prompt=PROMPT)).decision.worker_id == first.decision.worker_id
+    first.dispatched(first.decision.worker_id)
+    first.failed("refused")  # the second request, in flight, predicts the same blocks
+    assert parts.index.match(block_keys(PROMPT, 16, "m")) == {first.decision.worker_id: (0, 4)}
 
 
-def test_unhealthy_pool_falls_back(clock) -> None:
-    router = make_router(clock)
+def test_unhealthy_pool_falls_back(parts) -> None:
     for i in range(4):
-        router.set_healthy(f"w{i}", False)
-    decision = router.route(RouteRequest(model="m", prompt=PROMPT))
+        parts.router.set_in_rotation(f"w{i}", False)
+    decision = parts.router.route(RouteRequest(model="m", prompt=PROMPT)).decision
     assert (decision.worker_ids, decision.pool) == (("s0",), "spare")
 
 
-def test_no_worker_for_the_model_is_a_no_route_error(clock) -> None:
+def test_no_worker_for_the_model_is_a_no_route_error(parts) -> None:
     with pytest.raises(NoRouteError, match="no healthy worker for model 'other'"):
-        make_router(clock).route(RouteRequest(model="other", prompt=PROMPT))
+        parts.router.route(RouteRequest(model="other", prompt=PROMPT))
 
 
-def test_header_rule_selects_its_policy(clock) -> None:
-    decision = make_router(clock).route(
+def test_header_rule_selects_its_policy(parts) -> None:
+    decision = parts.router.route(
         RouteRequest(model="m", prompt=PROMPT, session_id="abc", headers={"x-mode": "sticky"})
-    )
+    ).decision
     assert (decision.rule, decision.policy) == ("sticky", "session_affinity")
 
 
-def test_dispatch_and_finish_move_load(clock) -> None:
-    router = make_router(clock)
-    router.on_dispatch("w1", "r1", prefill_tokens=64)
-    assert router.load.get("w1").in_flight_requests == 1
-    router.on_first_token("r1")
-    router.on_finish("r1", output_tokens=5)
-    assert router.load.get("w1").in_flight_requests == 0
+def test_new_rules_take_effect_for_the_next_request(parts) -> None:
+    parts.router.set_rules(RoutingRules((rule("rr", "main", policy_type="round_robin"),)))
+    decision = parts.router.route(RouteRequest(model="m", prompt=PROMPT)).decision
+    assert (decision.rule, decision.policy) == ("rr", "round_robin")
 
 
-def test_first_token_returns_the_expected_time_at_the_pools_median_prefill_rate(clock) -> None:
-    router = make_router(clock)
+def test_dispatch_and_finish_move_load(parts) -> None:
+    ticket = parts.router.route(RouteRequest(model="m", prompt=PROMPT))
+    ticket.dispatched("w1")
+    assert parts.load.get("w1").in_flight_requests == 1
+    ticket.first_token()
+    ticket.finished({"completion_tokens": 5})
+    assert parts.load.get("w1").in_flight_requests == 0
+
+
+def test_a_ticket_ends_exactly_once(parts) -> None:
+    """Whatever calls follow the first terminal one, the load is released once and the closed
+    loop counts the request once."""
+    ticket = parts.router.route(RouteRequest(model="m", prompt=PROMPT))
+    ticket.dispatched(ticket.decision.worker_id)
+    ticket.first_token()
+    ticket.finished({"completion_tokens": 3})
+    ticket.finished({"completion_tokens": 3})
+    ticket.failed("client_gone")
+    ticket.dispatched("w3")  # nothing starts on an ended ticket
+    assert (ticket.state, ticket.outcome) == ("ended", "finished")
+    assert all(parts.load.get(f"w{i}").in_flight_requests == 0 for i in range(4))
+    assert parts.router.stats().closed_loop["main"].outcomes == 1
+
+
+def test_first_token_returns_the_expected_time_at_the_pools_median_prefill_rate(parts, clock) -> None:
     for worker, rate in (("w0", 1000.0), ("w1", 2000.0), ("w2", 4000.0), ("w3", 4000.0), ("s0", 10.0)):
-        router.load.get(worker).prefill_tokens_per_s = rate
-    router.on_dispatch("w1", "ahead", prefill_tokens=2000)
-    router.on_dispatch("w1", "r1", prefill_tokens=1000)
+        parts.load.get(worker).prefill_tokens_per_s = rate
+    ahead = parts.router.route(RouteRequest(model="m", prompt=list(range(10_000, 12_000))))
+    ahead.dispatched("w1")
+    ticket = parts.router.route(RouteRequest(model="m", prompt=list(range(20_000, 21_000))))
+    ticket.dispatched("w1")
     clock.advance(1.0)
-    # r1 waited for 2000 queued tokens plus its own 1000, at main's median rate (3000/s; s0 is another pool)
-    assert router.on_first_token("r1") == pytest.approx(1.0)
-    assert router.on_first_token("r1") is None  # only the first call samples
-    assert router.on_first_token("unknown") is None
+    # it waited for 2000 queued tokens plus its own 1000, at main's median rate (3000/s; s0 is another pool)
+    assert ticket.first_token() == pytest.approx(1.0)
+    assert ticket.first_token() is None  # only the first call samples
+    never_sent = parts.router.route(RouteRequest(model="m", prompt=PROMPT))
+    assert never_sent.first_token() is None
 
 
 @pytest.mark.parametrize(
-    ("attempt_key", "worker", "queued"),
-    [("r1", "w2", 64 - 48), ("r1#1", "w2", 64 - 48), ("r1#2", "w0", 64), ("other", "w2", 64)],
-    ids=["routed-id", "first-attempt-key", "retry-on-a-worker-without-the-prefix", "unknown-request"],
+    ("prompt", "attempts", "worker", "queued"),
+    [(PROMPT, ["w2"], "w2", 64 - 48), (PROMPT, ["w2", "w0"], "w0", 64), (list(range(100, 164)), ["w2"], "w2", 64)],
+    ids=["the-worker-holding-the-prefix", "retry-on-a-worker-without-the-prefix", "a-prompt-the-worker-does-not-hold"],
 )
-def test_dispatch_queues_only_the_prefill_the_worker_must_compute(clock, attempt_key, worker, queued) -> None:
-    router = make_router(clock)
-    router.index.apply("w2", [BlockStored([1, 2, 3], None, PROMPT[:48], 16, None, "GPU")])
-    assert router.route(RouteRequest(model="m", prompt=PROMPT, request_id="r1")).worker_id == "w2"
-    router.on_dispatch(worker, attempt_key, prefill_tokens=len(PROMPT))
-    assert router.load.get(worker).prefill_tokens_queued == queued
+def test_dispatch_queues_only_the_prefill_the_worker_must_compute(parts, prompt, attempts, worker, queued) -> None:
+    parts.index.apply("w2", [BlockStored([1, 2, 3], None, PROMPT[:48], 16, None, "GPU")])
+    ticket = parts.router.route(RouteRequest(model="m", prompt=prompt))
+    for attempt in attempts:
+        ticket.attempt_failed()
+        ticket.dispatched(attempt)
+    assert parts.load.get(worker).prefill_tokens_queued == queued
+    assert sum(parts.load.get(f"w{i}").in_flight_requests for i in range(4)) == 1  # a retry released the first
 
 
-def test_closed_loop_counts_predicted_and_reported(clock) -> None:
-    router = make_router(clock)
-    router.record_outcome(predicted_cached_tokens=64, reported_cached_tokens=32)
-    router.record_outcome(predicted_cached_tokens=0, reported_cached_tokens=16)
-    stats = router.closed_loop
-    assert (stats.outcomes, stats.predicted_cached_tokens, stats.reported_cached_tokens) == (2, 64, 48)
-    assert stats.prediction_hit_ratio == 0.5
+def test_closed_loop_counts_predicted_and_reported(parts) -> None:
+    long_prompt = list(range(1, 81))  # 5 blocks, 4 of them held by w2: 64 tokens predicted cached
+    parts.index.apply("w2", [BlockStored([1, 2, 3, 4], None, long_prompt[:64], 16, None, "GPU")])
+    for prompt, reported in ((long_prompt, 32), (list(range(500, 580)), 16)):
+        ticket = parts.router.route(RouteRequest(model="m", prompt=prompt))
+        ticket.dispatched(ticket.decision.worker_id)
+        ticket.first_token()
+        ticket.finished({"completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": reported}})
+    stats = parts.router.stats()
+    main = stats.closed_loop["main"]
+    assert (main.outcomes, main.predicted_cached_tokens, main.reported_cached_tokens) == (2, 64, 48)
+    assert main.prediction_hit_ratio == stats.prediction_hit_ratio == 0.5
 
 
-def test_removed_worker_is_gone_from_routing_and_index(clock) -> None:
-    router = make_router(clock)
-    router.index.apply("w2", [BlockStored([1], None, PROMPT[:16], 16, None, "GPU")])
-    router.remove_worker("w2")
-    decisions = {router.route(RouteRequest(model="m", prompt=PROMPT, request_id=str(i))).worker_id for i in range(8)}
+@pytest.mark.parametrize("served", ["after-a-retry", "by-another-worker"])
+def test_closed_loop_skips_requests_not_served_where_they_were_routed(parts, served) -> None:
+    """The prediction is about the routed worker, for one attempt: anything else would compare
+    it with another worker's cache."""
+    ticket = parts.router.route(RouteRequest(model="m", prompt=PROMPT))
+    other = next(w for w in ticket.candidates if w != ticket.decision.worker_id)
+    if served == "after-a-retry":
+        ticket.dispatched(other)
+        ticket.attempt_failed()
+        ticket.dispatched(ticket.decision.worker_id)
+    else:
+        ticket.dispatched(other)
+    ticket.first_token()
+    ticket.finished({"completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 16}})
+    assert "main" not in parts.router.stats().closed_loop
+
+
+def test_removed_worker_is_gone_from_routing_and_index(parts) -> None:
+    parts.index.apply("w2", [BlockStored([1], None, PROMPT[:16], 16, None, "GPU")])
+    parts.router.worker_left("w2")
+    decisions = {parts.router.route(RouteRequest(model="m", prompt=PROMPT)).decision.worker_id for _ in range(8)}
     assert "w2" not in decisions
 
 
+def test_a_failed_worker_loses_its_confirmed_entries(parts) -> None:
+    parts.index.apply("w2", [BlockStored([1, 2], None, PROMPT[:32], 16, None, "GPU")])
+    parts.router.worker_failed("w2")
+    assert parts.router.stats().index.blocks_per_worker["w2"] == 0
+
+
 def test_exact_tokenizer_is_used_when_configured(clock, tmp_path) -> None:
-    from conftest import CHATML_TEMPLATE, write_model_dir
+    from tests.router.model_dirs import CHATML_TEMPLATE, write_model_dir
 
     tokenizer = RoutingTokenizer.from_dir(write_model_dir(tmp_path / "m", "byte_level", CHATML_TEMPLATE))
-    router = Router({"main": [WorkerSpec("w0", "m", 4)]}, load_policies("rules: [{name: d, pool: main}]"),
+    router = Router({"main": [WorkerSpec("w0", "m", 4)]}, RoutingRules((rule("d", "main"),)),
                     tokenizers={"m": tokenizer}, clock=clock)
-    decision = router.route(RouteRequest(model="m", messages=[{"role": "user", "content": "Hello there"}]))
+    decision = router.route(RouteRequest(model="m", messages=[{"role": "user", "content": "Hello there"}])).decision
     assert decision.tokenizer_mode == "exact"
     assert decision.num_prompt_tokens == len(tokenizer.encode_chat([{"role": "user", "content": "Hello there"}]))
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import CHATML_TEMPLATE, LLAMA_LIKE_TEMPLATE, write_model_dir
 
-from router.tokenization import ChatTemplateError, RoutingTokenizer
+from kvgate.chat_template import ChatTemplateError
+from router.tokenization import RoutingTokenizer
+from tests.router.model_dirs import CHATML_TEMPLATE, LLAMA_LIKE_TEMPLATE, write_model_dir
 
 TURNS = [
     ("user", "Hello there, how can I help you today?"),

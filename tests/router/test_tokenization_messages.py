@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import CHATML_TEMPLATE, write_model_dir
 
 from router.tokenization import RoutingTokenizer
+from tests.router.model_dirs import CHATML_TEMPLATE, write_model_dir
 
 QUESTION = "What is 2+2?"
 

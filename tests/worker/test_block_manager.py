@@ -354,7 +354,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
                 assert block_keys(event.token_ids, event.block_size, parent) == event.block_hashes
 
 
-TestBlockManagerStateful = BlockManagerMachine.TestCase
+TestBlockManagerStateful = pytest.mark.slow(BlockManagerMachine.TestCase)  # ~3 s: 200 runs of 50 steps
 TestBlockManagerStateful.settings = settings(
     max_examples=200,
     stateful_step_count=50,

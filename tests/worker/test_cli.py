@@ -11,6 +11,8 @@ import pytest
 
 from tests.conftest import free_port, free_port_pair
 
+pytestmark = pytest.mark.slow  # every test starts `kvgate worker` as a process
+
 
 def start_worker(model_dir: Path, kv_port: int) -> subprocess.CompletedProcess:
     argv = [sys.executable, "-m", "kvgate", "worker", "--model", str(model_dir), "--executor", "sim",

@@ -153,6 +153,7 @@ def test_two_workers_starting_together_convert_once(tmp_path: Path, monkeypatch)
     assert results == [calls[0], calls[0]]
 
 
+@pytest.mark.slow
 def test_interrupted_conversion_leaves_no_folder(tmp_path: Path, gguf_path: Path, monkeypatch) -> None:
     def interrupt(reader):
         raise KeyboardInterrupt

@@ -67,6 +67,7 @@ def test_only_what_the_cache_made_is_removed(tmp_path: Path, models_dir: Path) -
     assert (outside / "config.json").exists()
 
 
+@pytest.mark.slow
 def test_the_copy_a_process_uses_is_kept_until_it_exits(tmp_path: Path, models_dir: Path) -> None:
     old = make_copy(models_dir, OLD)
     script = (
@@ -101,6 +102,7 @@ def test_a_copy_being_converted_is_kept(tmp_path: Path, models_dir: Path) -> Non
     assert remove_old_copies(models_dir, keep=current) == [old]
 
 
+@pytest.mark.slow
 def test_the_current_copy_survives_a_clean_up_run_by_another_install(tmp_path: Path, models_dir: Path) -> None:
     current = resolve_model_path("default", cache_dir=tmp_path)
     other = make_copy(models_dir, OLD)

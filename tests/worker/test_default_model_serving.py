@@ -1,8 +1,11 @@
 """The embedded default model served by our own engine answers a simple question sensibly."""
 
 import openai
+import pytest
 
 from tests.processes import running_worker
+
+pytestmark = pytest.mark.slow  # serves the default model from a worker process
 
 
 def test_default_model_names_the_capital_of_france_greedy():

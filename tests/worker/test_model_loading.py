@@ -17,7 +17,9 @@ from worker.model.errors import ModelFileNotFoundError, UnsupportedModelError
 from worker.model.loader import load_model
 from worker.model.tokenizer import load_tokenizer
 
-from .conftest import CHAT_TEMPLATE, read_config, write_config
+from tests.tiny_models import CHAT_TEMPLATE
+
+from .conftest import read_config, write_config
 
 transformers = pytest.importorskip("transformers")
 

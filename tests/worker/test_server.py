@@ -11,7 +11,10 @@ import httpx
 import openai
 import pytest
 
+from loadtest.sse import StreamReader
 from tests.processes import running_worker
+
+pytestmark = pytest.mark.slow  # every test runs against a worker process
 
 BLOCK_SIZE = 8
 
@@ -218,11 +221,7 @@ def test_client_that_disconnects_mid_stream_aborts_its_request(worker_url):
     body = {"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 400, "stream": True,
             "ignore_eos": True, "temperature": 0}
     with httpx.stream("POST", f"{worker_url}/v1/completions", json=body, timeout=30) as response:
-        lines = response.iter_lines()
-        received = 0
-        for line in lines:
-            if line.startswith("data: "):
-                received += 1
+        for received, _ in enumerate(StreamReader().read(response.iter_lines()), start=1):
             if received == 3:
                 break
     wait_for_metric(worker_url, "vllm:num_requests_running", 0.0)

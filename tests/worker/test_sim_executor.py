@@ -181,6 +181,7 @@ def test_parse_rejects_bad_text_naming_the_key(text, message):
     assert str(error.value) == message
 
 
+@pytest.mark.slow
 def test_importing_the_sim_executor_does_not_load_torch():
     code = "import sys, worker.executor.sim_executor; sys.exit('torch' in sys.modules)"
 

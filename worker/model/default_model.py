@@ -2,6 +2,7 @@
 
 Each install's GGUF has its own cache folder; after a conversion, older folders that no process uses
 or is converting are removed. `python -m worker.model.default_model` prepares the cache and prints the folder.
+Finding an already converted folder needs no worker extra (a gateway routes with its tokenizer).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import re
 import shutil
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Iterator
 
 from worker.model.errors import ModelFileNotFoundError
-from worker.model.gguf_convert import convert_gguf_to_hf, remove_partial_conversions
 
 DEFAULT_MODEL_SPEC = "default"
 DEFAULT_SERVED_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -70,6 +71,29 @@ def prepare_default_model(cache_dir: Path | None = None, progress: bool = True) 
             raise RuntimeError(f"the converted model at {out_dir} disappeared at once")
     remove_old_copies(models_dir, keep=out_dir)
     return out_dir
+
+
+def convert_gguf_to_hf(gguf_path: Path, out_dir: Path, progress: bool = True) -> Path:
+    """gguf_convert.convert_gguf_to_hf, imported only when a conversion is due (see _converter)."""
+    return _converter(out_dir).convert_gguf_to_hf(gguf_path, out_dir, progress=progress)
+
+
+def remove_partial_conversions(out_dir: Path) -> None:
+    """gguf_convert.remove_partial_conversions, imported only when a conversion is due (see _converter)."""
+    _converter(out_dir).remove_partial_conversions(out_dir)
+
+
+def _converter(out_dir: Path) -> ModuleType:
+    """The gguf_convert module: it imports the worker extra (gguf, safetensors, tqdm), which a gateway-only
+    install lacks; there a missing conversion is a one-line error saying how to get it."""
+    try:
+        from worker.model import gguf_convert
+    except ImportError as exc:
+        raise ModelFileNotFoundError(
+            f"the default model is not converted yet ({out_dir}); converting it needs the 'worker' extra "
+            f"({exc.name} missing): pip install 'kvgate[worker]'"
+        ) from None
+    return gguf_convert
 
 
 def remove_old_copies(models_dir: Path, keep: Path) -> list[Path]:

@@ -1,11 +1,10 @@
-"""Shared fixtures for router tests: a fake clock and small tokenizers trained on the fly."""
+"""Tokenizer folders for router tests: small BPE tokenizers trained on the fly, with a chat template."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 CHATML_TEMPLATE = (
@@ -31,24 +30,6 @@ CORPUS = [
     "def route(request): return min(workers, key=lambda w: w.load)  # 12345 67890",
 ]
 SPECIALS = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
-
-
-class FakeClock:
-    """A monotonic clock the test advances by hand."""
-
-    def __init__(self, start_s: float = 1000.0) -> None:
-        self.now_s = start_s
-
-    def __call__(self) -> float:
-        return self.now_s
-
-    def advance(self, seconds: float) -> None:
-        self.now_s += seconds
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 def _train(kind: str) -> Tokenizer:

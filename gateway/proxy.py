@@ -1,0 +1,229 @@
+"""POST /v1/chat/completions and /v1/completions: validate, route, proxy, record.
+
+A plain ASGI app (reached without building Request and Response objects): this is the one path
+every completion takes, so it does no more per request than it must. Its constructor lists every
+part of the gateway a request touches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, TypeVar
+
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from admission.retry_budget import RetryBudget
+from gateway.errors import UpstreamError
+from gateway.fleet import Fleet
+from gateway.metrics import GatewayMetrics
+from gateway.request_body import parse_body, read_body
+from gateway.session import ProxyRequest, Session
+from gateway.sse import compact_json
+from gateway.upstream_http import UpstreamClient
+from kvgate.api_error import ApiError
+from kvgate.config import UpstreamConfig
+from router.router import NoRouteError, Router
+from router.ticket import RouteTicket
+from router.tokenization import RoutingTokenizer
+from router.types import RouteRequest
+
+log = logging.getLogger("kvgate.gateway")
+T = TypeVar("T")
+
+FORWARDED_HEADERS = ("traceparent", "tracestate", "x-priority", "x-request-deadline-ms", "x-session-id",
+                     "x-workflow-id", "x-workflow-step", "x-workflow-steps")
+KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
+class ProxyEndpoint:
+    """One completion path. models maps each served model to its pool; tokenizers, each model's
+    routing tokenizer (only exact ones are used to continue after a failover); debug_header adds
+    x-kvgate-route."""
+
+    path: str
+    router: Router
+    fleet: Fleet
+    upstream: UpstreamClient
+    settings: UpstreamConfig
+    budgets: Mapping[str, RetryBudget]
+    metrics: GatewayMetrics
+    tokenizers: Mapping[str, RoutingTokenizer]
+    models: Mapping[str, str]
+    debug_header: bool
+    rng: random.Random
+    kind: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.kind = KINDS[self.path]
+        self.tokenizers = {model: t for model, t in self.tokenizers.items() if t.mode == "exact"}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        tenant = scope.get("state", {}).get("tenant", "anonymous")
+        model_label = "unknown"
+        metrics = self.metrics
+        try:
+            body = parse_body(await read_body(receive), self.kind)
+            model = body["model"]
+            model_label = model if model in self.models else "unknown"
+            started = await _unless_disconnected(receive, self._start(scope, body, tenant))
+        except ApiError as error:
+            metrics.child(metrics.requests, tenant, model_label, str(error.status)).inc()
+            await error.response()(scope, receive, send)
+            return
+        except UpstreamError as error:  # the worker refused the request itself (4xx): pass its answer on
+            metrics.child(metrics.requests, tenant, model_label, str(error.status)).inc()
+            await Response(error.body, status_code=error.status or 502, media_type="application/json")(
+                scope, receive, send)
+            return
+        except Exception:  # a bug: the client still gets an OpenAI-style 500 (with its request id) and it is counted
+            log.exception("request %s failed", scope.get("state", {}).get("request_id", ""))
+            metrics.child(metrics.requests, tenant, model_label, "500").inc()
+            await ApiError(500, "internal error in the gateway", "server_error").response()(scope, receive, send)
+            return
+        if started is None:  # the client went away before the first token: the attempt was cancelled
+            metrics.child(metrics.requests, tenant, model_label, "499").inc()
+            await _client_gone(send)
+            return
+        session, held = started
+        await self._respond(session, held, tenant, scope, receive, send)
+
+    async def _start(self, scope: Scope, body: dict[str, Any], tenant: str) -> tuple[Session, list]:
+        pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+        first = dict(reversed(pairs))  # Headers.get semantics: the first of repeated headers
+        headers = {k: v for k, v in pairs if k in FORWARDED_HEADERS}
+        state = scope.get("state", {})
+        headers.update(state.get("trace_headers", {}))
+        request_id = state.get("request_id", "")
+        headers["x-request-id"] = request_id
+        route_req = RouteRequest(
+            model=body["model"], messages=body.get("messages") if self.kind == "chat" else None,
+            prompt=body.get("prompt") if self.kind == "completion" else None, tools=body.get("tools"),
+            request_id=request_id, tenant=tenant, priority=_priority(first.get("x-priority")),
+            session_id=first.get("x-session-id"),
+            headers={k.lower(): v for k, v in pairs if k.lower() not in ("authorization", "x-api-key")},
+            path=self.path)
+        ticket = self._route(route_req)
+        pool = ticket.decision.pool or self.models.get(body["model"], "")
+        client_stream = bool(body.get("stream"))
+        stream_options = body.get("stream_options") or {}
+        req = ProxyRequest(kind=self.kind, path=self.path, body=body, model=body["model"], pool=pool, tenant=tenant,
+                           request_id=request_id, headers=headers, client_stream=client_stream,
+                           # the aggregated response always carries usage
+                           client_include_usage=not client_stream or bool(stream_options.get("include_usage")))
+        session = Session(req=req, ticket=ticket, fleet=self.fleet, upstream=self.upstream, settings=self.settings,
+                          budget=self.budgets[pool], metrics=self.metrics, tokenizer=self.tokenizers.get(req.model),
+                          rng=self.rng)
+        return session, await session.start()
+
+    def _route(self, route_req: RouteRequest) -> RouteTicket:
+        started = time.perf_counter()
+        try:
+            ticket = self.router.route(route_req)
+        except NoRouteError as exc:
+            if route_req.model not in self.models:
+                raise ApiError(404, f"The model `{route_req.model}` does not exist.", "invalid_request_error",
+                                   code="model_not_found", param="model") from None
+            raise ApiError(503, f"no healthy worker: {exc}", "service_unavailable", code="no_healthy_worker",
+                               retry_after_s=1) from None
+        except OverflowError:  # token ids are packed as u32 for the block keys
+            raise ApiError(400, "prompt token ids must be integers in [0, 2**32)", param="prompt") from None
+        except (ValueError, TypeError) as exc:  # e.g. a chat template that rejects the messages
+            raise ApiError(400, f"cannot tokenize the request: {exc}",
+                               param="messages" if route_req.messages is not None else "prompt") from None
+        self.metrics.decision_seconds.observe(time.perf_counter() - started)
+        return ticket
+
+    async def _respond(self, session: Session, held: list, tenant: str, scope: Scope, receive: Receive,
+                       send: Send) -> None:
+        headers = [(b"x-kvgate-worker", session.tried[-1].encode())]
+        if self.debug_header:
+            headers.append((b"x-kvgate-route", session.ticket.decision.explain()[:2000].encode("latin-1", "replace")))
+        if session.req.client_stream:
+            response = StreamingResponse(self._observed(session, session.stream(held), tenant),
+                                         media_type="text/event-stream", headers={"cache-control": "no-cache"})
+            response.raw_headers += headers
+            await response(scope, receive, send)
+            return
+        result = await _unless_disconnected(receive, session.collect(held))
+        self._finish(session, tenant)
+        if result is None:
+            await _client_gone(send)
+            return
+        content = compact_json(result)
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode()),
+                    (b"x-kvgate-failovers", str(session.failovers).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": content})
+
+    async def _observed(self, session: Session, stream, tenant: str):
+        try:
+            async for data in stream:
+                yield data
+        finally:
+            self._finish(session, tenant)
+
+    def _finish(self, session: Session, tenant: str) -> None:
+        req, m = session.req, self.metrics
+        status = "200" if session.done or session.finish_reason is not None else "499"  # 499: client left
+        m.child(m.requests, tenant, req.model, status).inc()
+        m.child(m.e2e, req.model).observe(time.monotonic() - req.started_s)
+        usage = session.final_usage() or {}
+        if usage:
+            m.child(m.prompt_tokens, tenant, req.model).inc(usage.get("prompt_tokens", 0))
+            m.child(m.completion_tokens, tenant, req.model).inc(usage.get("completion_tokens", 0))
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            m.child(m.cached_tokens, tenant, req.model).inc(cached)
+
+
+async def _client_gone(send: Send) -> None:
+    """Close the exchange of a client that disconnected (499, nginx's "client closed request")."""
+    await send({"type": "http.response.start", "status": 499, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def _priority(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ApiError(400, "X-Priority must be an integer", param="X-Priority") from None
+
+
+async def _unless_disconnected(receive: Receive, awaitable: Awaitable[T]) -> T | None:
+    """awaitable's result, awaited in this task; None if the client disconnects first (this task
+    is then cancelled, so the upstream attempt is aborted at once and cleans up after itself)."""
+    task = asyncio.current_task()
+    disconnected = False
+
+    async def watch() -> None:
+        nonlocal disconnected
+        try:
+            await _wait_disconnect(receive)
+        except Exception:  # noqa: BLE001 - a broken receive counts as a client gone away
+            pass
+        disconnected = True
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await awaitable
+    except asyncio.CancelledError:
+        if not disconnected:
+            raise
+        task.uncancel()
+        return None
+    finally:
+        watcher.cancel()
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,70 @@
+"""A completion request's body: read, parsed as strict JSON, and checked as far as routing needs
+(the worker validates sampling parameters itself). Every problem is a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from starlette.types import Receive
+
+from kvgate.api_error import ApiError
+
+
+async def read_body(receive: Receive) -> bytes:
+    """The whole request body (LimitsMiddleware has already bounded its size)."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ApiError(400, "client disconnected while sending the body")
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def parse_body(raw: bytes, kind: str) -> dict[str, Any]:
+    """The JSON object of a chat (kind "chat") or completions request, checked as far as routing needs."""
+    try:
+        body = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    except ValueError as exc:  # NaN, Infinity, or a number too large for a float
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "request body is not valid JSON: nested too deeply") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise ApiError(400, "model is required and must be a string", param="model")
+    if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
+        raise ApiError(400, "stream must be a boolean", param="stream")
+    stream_options = body.get("stream_options")
+    if stream_options is not None:
+        if not isinstance(stream_options, dict):
+            raise ApiError(400, "stream_options must be an object", param="stream_options")
+        if not body.get("stream"):
+            raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise ApiError(400, "messages must be a non-empty list of message objects", param="messages")
+    else:
+        prompt = body.get("prompt")
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt)):
+            raise ApiError(400, "prompt must be a string or a non-empty list", param="prompt")
+        if len(prompt) > 1 and isinstance(prompt, list) and isinstance(prompt[0], (str, list)):
+            raise ApiError(400, "only one prompt per request is supported", param="prompt")
+    return body
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number out of range: {text[:40]}")
+    return value
