@@ -38,7 +38,7 @@ class ServiceEndpoints:
         found = self._models.get(model_id)
         if found is None:
             return ApiError(404, f"The model `{model_id}` does not exist.", "invalid_request_error",
-                                code="model_not_found", param="model").response()
+                            code="model_not_found", param="model").response()
         return JSONResponse(found)
 
     async def health(self, request: Request) -> Response:

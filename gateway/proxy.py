@@ -129,14 +129,14 @@ class ProxyEndpoint:
         except NoRouteError as exc:
             if route_req.model not in self.models:
                 raise ApiError(404, f"The model `{route_req.model}` does not exist.", "invalid_request_error",
-                                   code="model_not_found", param="model") from None
+                               code="model_not_found", param="model") from None
             raise ApiError(503, f"no healthy worker: {exc}", "service_unavailable", code="no_healthy_worker",
-                               retry_after_s=1) from None
+                           retry_after_s=1) from None
         except OverflowError:  # token ids are packed as u32 for the block keys
             raise ApiError(400, "prompt token ids must be integers in [0, 2**32)", param="prompt") from None
         except (ValueError, TypeError) as exc:  # e.g. a chat template that rejects the messages
             raise ApiError(400, f"cannot tokenize the request: {exc}",
-                               param="messages" if route_req.messages is not None else "prompt") from None
+                           param="messages" if route_req.messages is not None else "prompt") from None
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
         return ticket
 

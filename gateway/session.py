@@ -131,7 +131,7 @@ class Session:
                 last_error = error
         reason = f" (last error: {last_error})" if last_error else ""
         raise ApiError(503, f"no worker could serve the request{reason}", "service_unavailable",
-                           code="upstream_unavailable", retry_after_s=1)
+                       code="upstream_unavailable", retry_after_s=1)
 
     def _next_candidate(self) -> str | None:
         for worker_id in self.ticket.candidates:
@@ -305,7 +305,7 @@ class Session:
         except UpstreamError as failed:
             self.end_reason = "failover_failed"
             raise ApiError(502, f"worker failed mid-stream ({error}) and the continuation failed: {failed}",
-                               "upstream_error", code="failover_failed") from None
+                           "upstream_error", code="failover_failed") from None
 
     def _count_tokens(self, text: str) -> int:
         """Tokens in generated text, with the model's tokenizer (else ~4 bytes a token)."""

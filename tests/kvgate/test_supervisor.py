@@ -115,17 +115,24 @@ def test_stop_kills_a_child_that_ignores_sigterm_and_its_grandchildren(tmp_path)
     assert wait_gone(grandchild)
 
 
-def test_supervisor_killed_outright_leaves_no_orphan_children():
-    """SIGKILL on the supervisor: the kernel's parent-death signal still ends every child."""
+def supervisor_script(run: str) -> str:
+    """A Python program that supervises one fake child as `sup`, then runs `run`."""
     port = free_port()
-    script = f"""
+    return f"""
+import sys
 from kvgate.supervisor import ChildSpec, Supervisor
 spec = ChildSpec("c", ({sys.executable!r}, {FAKE_CHILD!r}, "{port}"), health_url="http://127.0.0.1:{port}/health")
 sup = Supervisor([spec])
+""" + run
+
+
+def test_supervisor_killed_outright_leaves_no_orphan_children():
+    """SIGKILL on the supervisor: the kernel's parent-death signal still ends every child."""
+    script = supervisor_script("""
 sup.start()
 print("READY", sup.children[0].process.pid, flush=True)
 sup.watch()
-"""
+""")
     with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as proc:
         child_pid = read_ready_pid(proc)
         proc.send_signal(signal.SIGKILL)
@@ -134,16 +141,11 @@ sup.watch()
 
 
 def test_sigterm_to_supervisor_run_stops_all_children_cleanly():
-    port = free_port()
-    script = f"""
-import sys
-from kvgate.supervisor import ChildSpec, Supervisor
-spec = ChildSpec("c", ({sys.executable!r}, {FAKE_CHILD!r}, "{port}"), health_url="http://127.0.0.1:{port}/health")
-sup = Supervisor([spec])
+    script = supervisor_script("""
 code = sup.run(on_ready=lambda: print("READY", sup.children[0].process.pid, flush=True))
 print("EXIT", code, flush=True)
 sys.exit(code)
-"""
+""")
     with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as proc:
         child_pid = read_ready_pid(proc)
         proc.send_signal(signal.SIGTERM)
