@@ -14,7 +14,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.admission_slot import AdmissionMiddleware
 from gateway.auth import AuthMiddleware, KeyStore
 from gateway.core import GatewayCore
 from gateway.handlers import ServiceEndpoints
@@ -24,13 +23,14 @@ from kvgate.api_error import ApiError
 
 
 def build_middleware(core: GatewayCore, keys: KeyStore, completions: dict[str, ProxyEndpoint]) -> list[Middleware]:
-    """Outermost first: request id + trace context, auth, limits, admission; then the completion
-    endpoints, reached without Starlette's router (every other path goes on to it)."""
+    """Outermost first: request id + trace context, auth, size limits; then the completion
+    endpoints, reached without Starlette's router (every other path goes on to it). Admission is the
+    completion endpoint's first step, once the body says which pool a request is for
+    (gateway/proxy.py: parse -> admit -> route -> proxy)."""
     return [
         Middleware(RequestContextMiddleware),
         Middleware(AuthMiddleware, keys=keys, metrics=core.metrics),
         Middleware(LimitsMiddleware, limits=core.config.limits),
-        Middleware(AdmissionMiddleware),
         Middleware(CompletionPaths, endpoints=completions),
     ]
 
@@ -52,9 +52,10 @@ class CompletionPaths:
 
 def completion_endpoints(core: GatewayCore) -> dict[str, ProxyEndpoint]:
     """Each completion path's endpoint, given exactly the parts a request touches."""
-    return {path: ProxyEndpoint(path=path, router=core.router, fleet=core.fleet, upstream=core.upstream,
-                                settings=core.config.upstream, budgets=core.budgets, metrics=core.metrics,
-                                tokenizers=core.tokenizers, models=core.models,
+    prices = {name: pool.prices for name, pool in core.config.pools.items()}
+    return {path: ProxyEndpoint(path=path, admission=core.admission, router=core.router, fleet=core.fleet,
+                                upstream=core.upstream, settings=core.config.upstream, metrics=core.metrics,
+                                prices=prices, tokenizers=core.tokenizers, models=core.models,
                                 debug_header=core.config.routing.debug_header, rng=core.rng)
             for path in KINDS}
 
@@ -65,7 +66,7 @@ def build_app(core: GatewayCore, keys: KeyStore | None = None, *, freeze_gc: boo
     keys = keys or KeyStore(core.config.auth, dict(os.environ), redis_client=core.redis)
     completions = completion_endpoints(core)
     service = ServiceEndpoints(models=core.models, created=core.started_at, fleet=core.fleet, metrics=core.metrics,
-                               redis_ok=core.redis_ok)
+                               redis_ok=core.redis_ok, limits_shared=core.limits_shared)
     routes = [
         *(Route(path, endpoint, methods=["POST"]) for path, endpoint in completions.items()),
         Route("/v1/models", service.models, methods=["GET"]),

@@ -1,9 +1,10 @@
 """The gateway's parts, built once from the config, and their background work.
 
-GatewayCore assembles the router (with its rules and tokenizers), the fleet (health checks, KV
-events, breakers), the upstream clients, retry budgets, metrics and the Redis client; build_app
-hands each endpoint exactly the parts it uses. start() and stop() run the background work:
-health checks, KV-event subscribers, and the policy-file watcher.
+GatewayCore assembles the router (with its rules and tokenizers), admission (tenants, pool
+queues, retry budgets), the fleet (health checks, KV events, breakers), the upstream clients,
+metrics and the Redis client; build_app hands each endpoint exactly the parts it uses. start()
+and stop() run the background work: health checks, KV-event subscribers, the admission queues'
+timeouts, and the policy-file watcher.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from pathlib import Path
 
 import httpx
 
-from admission.retry_budget import RetryBudget, RetryBudgetConfig
+from admission.redis_buckets import RedisBuckets, SharedBuckets
+from admission.token_bucket import LocalBuckets
+from gateway.admission import admission_from_config
 from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
 from gateway.routing_config import PolicyFileWatcher, routing_rules
@@ -47,13 +50,17 @@ class GatewayCore:
         self.tokenizers = _routing_tokenizers(config, tokenizer_dirs or {})
         self.router = Router(_worker_specs(config), rules, tokenizers=self.tokenizers, rng=self.rng)
         self.fleet = Fleet(config, self.router, self.metrics, self.http)
-        up = config.upstream
-        budget_config = RetryBudgetConfig(ratio=up.retry_budget_ratio, min_retries_per_s=up.retry_budget_min_per_s)
-        self.budgets = {pool: RetryBudget(budget_config) for pool in config.pools}
+        self.redis = _redis_client(config.redis.url)
+        # tenant limits: in this process, or in Redis shared by every replica (each replica's share locally while
+        # Redis is unreachable)
+        self.buckets = LocalBuckets() if self.redis is None else SharedBuckets(
+            RedisBuckets(self.redis), config.redis.replicas, on_change=_log_limits_state)
+        self.admission = admission_from_config(config, self.metrics, self.buckets)
         self.models = {pool.model: name for name, pool in config.pools.items()}
         self.metrics.start_series(config.pools, self.fleet.workers)
         self.metrics.watch_router(self.router.stats)
-        self.redis = _redis_client(config.redis.url)
+        self.metrics.watch_admission(lambda: {name: pool.state() for name, pool in self.admission.pools.items()},
+                                     shared_limits=self.limits_shared)
         routing = config.routing
         self.policy_watcher = None if routing.policies_file is None else PolicyFileWatcher(
             routing.policies_file, list(config.pools), self.router, self.metrics, routing.policies_watch_interval_s)
@@ -61,6 +68,7 @@ class GatewayCore:
 
     async def start(self) -> None:
         await self.fleet.start()
+        self._tasks.append(asyncio.create_task(self.admission.run_expiry(), name="admission-expiry"))
         if self.policy_watcher is not None:
             self._tasks.append(asyncio.create_task(self.policy_watcher.run(), name="policy-file-watcher"))
 
@@ -68,6 +76,9 @@ class GatewayCore:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.admission.limits.settled()
+        if isinstance(self.buckets, SharedBuckets):
+            await self.buckets.aclose()
         await self.fleet.stop()
         await self.upstream.aclose()
         await self.http.aclose()
@@ -81,6 +92,11 @@ class GatewayCore:
         else:
             log.info("SIGHUP: no routing.policies_file to reload")
 
+    def limits_shared(self) -> bool | None:
+        """None without Redis; else whether tenant limits are kept in Redis now (False: each
+        replica enforces its share locally until Redis answers again)."""
+        return None if not isinstance(self.buckets, SharedBuckets) else self.buckets.state == "redis"
+
     async def redis_ok(self) -> bool | None:
         """None without Redis; else whether it answers a PING within 0.5 s."""
         if self.redis is None:
@@ -89,6 +105,13 @@ class GatewayCore:
             return bool(await self.redis.ping())
         except Exception:  # any Redis failure means: serving on local state
             return False
+
+
+def _log_limits_state(state: str) -> None:
+    if state == "redis":
+        log.info("tenant limits are shared through Redis again")
+    else:
+        log.warning("Redis unreachable: tenant limits are enforced locally, each replica its share, until it answers")
 
 
 def _redis_client(url: str | None):

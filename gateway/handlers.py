@@ -18,16 +18,18 @@ from kvgate.api_error import ApiError
 
 class ServiceEndpoints:
     """models maps each served model to its pool; created is the models' `created` (when this
-    gateway started serving them); redis_ok answers None without Redis, else whether it answers."""
+    gateway started serving them); redis_ok answers None without Redis, else whether it answers;
+    limits_shared, None without Redis, else whether tenant limits are in Redis now."""
 
     def __init__(self, *, models: Mapping[str, str], created: int, fleet: Fleet, metrics: GatewayMetrics,
-                 redis_ok: Callable[[], Awaitable[bool | None]]) -> None:
+                 redis_ok: Callable[[], Awaitable[bool | None]], limits_shared: Callable[[], bool | None]) -> None:
         self._models = {model: {"id": model, "object": "model", "created": created, "owned_by": "kvgate",
                                 "pool": pool}
                         for model, pool in models.items()}
         self._fleet = fleet
         self._metrics = metrics
         self._redis_ok = redis_ok
+        self._limits_shared = limits_shared
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": list(self._models.values())})
@@ -50,8 +52,13 @@ class ServiceEndpoints:
         if missing:
             return JSONResponse({"status": "not ready", "missing": missing}, status_code=503)
         body: dict[str, Any] = {"status": "ready"}
-        if await self._redis_ok() is False:  # still ready: replicas serve on local state, and say so
-            body["degraded"] = ["redis unreachable: API keys from Redis and shared state unavailable"]
+        degraded = []  # still ready: replicas serve on local state, and say so
+        if await self._redis_ok() is False:
+            degraded.append("redis unreachable: API keys from Redis and shared state unavailable")
+        if self._limits_shared() is False:
+            degraded.append("tenant limits local: each replica enforces its share until Redis answers")
+        if degraded:
+            body["degraded"] = degraded
         return JSONResponse(body)
 
     async def metrics(self, request: Request) -> Response:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from admission.pool_admission import PoolState
 from router.router import RouterStats
 
 disable_created_metrics()  # no `_created` series beside every counter: scrape noise no dashboard reads
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.2, 0.5, 1.0, 2.5)
+_QUEUE_WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _DECISION_BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 
 
@@ -53,6 +55,16 @@ class GatewayMetrics:
                                ["worker"], registry=r)
         self.policy_reloads = Counter("kvgate_policy_reloads", "Routing-policy file reloads, by outcome.",
                                       ["outcome"], registry=r)
+        self.admitted = Counter("kvgate_admitted", "Requests admitted, by pool, tenant and priority.",
+                                ["pool", "tenant", "priority"], registry=r)
+        self.rejected = Counter("kvgate_rejected", "Requests refused by admission (429 tenant limits, 503 pool "
+                                "overload), by reason.", ["pool", "tenant", "priority", "reason"], registry=r)
+        self.queue_wait = Histogram("kvgate_queue_wait_seconds", "Time a queued request waited for admission.",
+                                    ["pool", "priority"], buckets=_QUEUE_WAIT_BUCKETS_S, registry=r)
+        self.cost = Counter("kvgate_cost", "What requests cost in USD (the pool's prices x usage), answered or not.",
+                            ["tenant"], registry=r)
+        self._cost_by_tenant: dict[str, float] = {}
+        self._answered_by_tenant: dict[str, int] = {}
 
         self._children: dict[tuple, object] = {}
 
@@ -70,6 +82,21 @@ class GatewayMetrics:
     def watch_router(self, stats: Callable[[], RouterStats]) -> None:
         """Export the router's closed loop and index size, read from stats() at every scrape."""
         self.registry.register(_RouterCollector(stats))
+
+    def watch_admission(self, pools: Callable[[], Mapping[str, PoolState]],
+                        shared_limits: Callable[[], bool | None]) -> None:
+        """Export each pool's concurrency limit, requests in flight and queue depth per priority, and
+        whether tenant limits are shared through Redis (1) or local (0), read at every scrape."""
+        self.registry.register(_AdmissionCollector(pools, shared_limits))
+        self.registry.register(_CostCollector(self._cost_by_tenant, self._answered_by_tenant))
+
+    def record_cost(self, tenant: str, cost_usd: float, answered: bool) -> None:
+        """A request's cost (every request's tokens count), and whether it was answered."""
+        if cost_usd:
+            self.child(self.cost, tenant).inc(cost_usd)
+        self._cost_by_tenant[tenant] = self._cost_by_tenant.get(tenant, 0.0) + cost_usd
+        if answered:
+            self._answered_by_tenant[tenant] = self._answered_by_tenant.get(tenant, 0) + 1
 
     def child(self, metric, *label_values: str):
         """metric.labels(*label_values), remembered: prometheus' own lookup locks and validates each call."""
@@ -110,3 +137,39 @@ class _RouterCollector:
         yield blocks
         yield GaugeMetricFamily("kvgate_kv_index_bytes", "Approximate memory of the KV index (both layers).",
                                 value=stats.index.approx_bytes)
+
+
+class _AdmissionCollector:
+    def __init__(self, pools: Callable[[], Mapping[str, PoolState]], shared_limits: Callable[[], bool | None]) -> None:
+        self._pools = pools
+        self._shared_limits = shared_limits
+
+    def collect(self) -> Iterator[Metric]:
+        limit = GaugeMetricFamily("kvgate_concurrency_limit", "A pool's adaptive concurrency limit.", labels=["pool"])
+        in_flight = GaugeMetricFamily("kvgate_admitted_in_flight", "Admitted requests in flight, per pool.",
+                                      labels=["pool"])
+        depth = GaugeMetricFamily("kvgate_queue_depth", "Requests queued for admission.", labels=["pool", "priority"])
+        for pool, state in sorted(self._pools().items()):
+            limit.add_metric([pool], state.limit)
+            in_flight.add_metric([pool], state.in_flight)
+            for priority, queued in state.queued.items():
+                depth.add_metric([pool, priority.label], queued)
+        yield from (limit, in_flight, depth)
+        shared = self._shared_limits()
+        if shared is not None:
+            yield GaugeMetricFamily("kvgate_tenant_limits_shared", "1 while tenant limits are kept in Redis, 0 while "
+                                    "each replica keeps its share locally (Redis unreachable).", value=int(shared))
+
+
+class _CostCollector:
+    def __init__(self, cost: Mapping[str, float], answered: Mapping[str, int]) -> None:
+        self._cost = cost
+        self._answered = answered
+
+    def collect(self) -> Iterator[Metric]:
+        per_answer = GaugeMetricFamily("kvgate_cost_per_successful_request", "USD spent per answered request "
+                                       "(failed requests' tokens count too).", labels=["tenant"])
+        for tenant, cost in sorted(self._cost.items()):
+            answered = self._answered.get(tenant, 0)
+            per_answer.add_metric([tenant], cost / answered if answered else math.nan)
+        yield per_answer

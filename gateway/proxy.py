@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Mapping
@@ -18,16 +19,18 @@ from typing import Any, Awaitable, TypeVar
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from admission.retry_budget import RetryBudget
+from admission.cost import request_cost_usd
+from admission.priority import Priority
+from gateway.admission import Admission, AdmissionRequest
 from gateway.errors import UpstreamError
 from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
-from gateway.request_body import parse_body, read_body
+from gateway.request_body import estimate_prompt_tokens, parse_body, read_body
 from gateway.session import ProxyRequest, Session
 from gateway.sse import compact_json
 from gateway.upstream_http import UpstreamClient
 from kvgate.api_error import ApiError
-from kvgate.config import UpstreamConfig
+from kvgate.config import PricesConfig, UpstreamConfig
 from router.router import NoRouteError, Router
 from router.ticket import RouteTicket
 from router.tokenization import RoutingTokenizer
@@ -36,24 +39,26 @@ from router.types import RouteRequest
 log = logging.getLogger("kvgate.gateway")
 T = TypeVar("T")
 
-FORWARDED_HEADERS = ("traceparent", "tracestate", "x-priority", "x-request-deadline-ms", "x-session-id",
-                     "x-workflow-id", "x-workflow-step", "x-workflow-steps")
+# passed on to workers; a client's x-priority is not (the worker gets the admitted one)
+FORWARDED_HEADERS = ("traceparent", "tracestate", "x-request-deadline-ms", "x-session-id", "x-workflow-id",
+                     "x-workflow-step", "x-workflow-steps")
 KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 
 
 @dataclass(slots=True, kw_only=True, eq=False)
 class ProxyEndpoint:
     """One completion path. models maps each served model to its pool; tokenizers, each model's
-    routing tokenizer (only exact ones are used to continue after a failover); debug_header adds
-    x-kvgate-route."""
+    routing tokenizer (only exact ones are used to continue after a failover); prices, each pool's
+    (for the cost of each request); debug_header adds x-kvgate-route."""
 
     path: str
+    admission: Admission
     router: Router
     fleet: Fleet
     upstream: UpstreamClient
     settings: UpstreamConfig
-    budgets: Mapping[str, RetryBudget]
     metrics: GatewayMetrics
+    prices: Mapping[str, PricesConfig]
     tokenizers: Mapping[str, RoutingTokenizer]
     models: Mapping[str, str]
     debug_header: bool
@@ -95,43 +100,59 @@ class ProxyEndpoint:
         await self._respond(session, held, tenant, scope, receive, send)
 
     async def _start(self, scope: Scope, body: dict[str, Any], tenant: str) -> tuple[Session, list]:
+        """Admit, route and open the upstream stream; the permit ends here unless a session holds it."""
         pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
         first = dict(reversed(pairs))  # Headers.get semantics: the first of repeated headers
-        headers = {k: v for k, v in pairs if k in FORWARDED_HEADERS}
+        priority = self.admission.priority_for(tenant, _requested_priority(first.get("x-priority")))
         state = scope.get("state", {})
-        headers.update(state.get("trace_headers", {}))
         request_id = state.get("request_id", "")
-        headers["x-request-id"] = request_id
         route_req = RouteRequest(
             model=body["model"], messages=body.get("messages") if self.kind == "chat" else None,
             prompt=body.get("prompt") if self.kind == "completion" else None, tools=body.get("tools"),
-            request_id=request_id, tenant=tenant, priority=_priority(first.get("x-priority")),
-            session_id=first.get("x-session-id"),
+            request_id=request_id, tenant=tenant, priority=priority.label, session_id=first.get("x-session-id"),
             headers={k.lower(): v for k, v in pairs if k.lower() not in ("authorization", "x-api-key")},
             path=self.path)
-        ticket = self._route(route_req)
-        pool = ticket.decision.pool or self.models.get(body["model"], "")
-        client_stream = bool(body.get("stream"))
-        stream_options = body.get("stream_options") or {}
-        req = ProxyRequest(kind=self.kind, path=self.path, body=body, model=body["model"], pool=pool, tenant=tenant,
-                           request_id=request_id, headers=headers, client_stream=client_stream,
-                           # the aggregated response always carries usage
-                           client_include_usage=not client_stream or bool(stream_options.get("include_usage")))
-        session = Session(req=req, ticket=ticket, fleet=self.fleet, upstream=self.upstream, settings=self.settings,
-                          budget=self.budgets[pool], metrics=self.metrics, tokenizer=self.tokenizers.get(req.model),
-                          rng=self.rng)
-        return session, await session.start()
+        pool = self._pool_for(route_req)
+        permit = await self.admission.admit(AdmissionRequest(
+            tenant, pool, priority, deadline_ms=_deadline_ms(first.get("x-request-deadline-ms")),
+            workflow_step=_workflow_step(first.get("x-workflow-step")),
+            prompt_tokens_estimate=estimate_prompt_tokens(body), max_tokens=_max_tokens(body)))
+        session = None
+        try:
+            ticket = self._route(route_req)
+            permit.prompt_counted(ticket.decision.num_prompt_tokens or 0)
+            headers = {k: v for k, v in pairs if k in FORWARDED_HEADERS}
+            headers.update(state.get("trace_headers", {}))
+            headers["x-request-id"] = request_id
+            headers["x-priority"] = str(int(priority))  # the admitted class, as the worker's integer priority
+            client_stream = bool(body.get("stream"))
+            stream_options = body.get("stream_options") or {}
+            req = ProxyRequest(kind=self.kind, path=self.path, body=_without_client_priority(body), model=body["model"],
+                               pool=ticket.decision.pool or pool, tenant=tenant, request_id=request_id,
+                               headers=headers, client_stream=client_stream,
+                               # the aggregated response always carries usage
+                               client_include_usage=not client_stream or bool(stream_options.get("include_usage")))
+            session = Session(req=req, ticket=ticket, permit=permit, fleet=self.fleet, upstream=self.upstream,
+                              settings=self.settings, metrics=self.metrics,
+                              tokenizer=self.tokenizers.get(req.model), rng=self.rng)
+            return session, await session.start()
+        except BaseException:
+            dropped = session is not None and session.ticket.outcome in _DROPPED
+            permit.end(queue_delay_s=None, dropped=dropped, usage=None)
+            raise
+
+    def _pool_for(self, route_req: RouteRequest) -> str:
+        try:
+            return self.router.pool_for(route_req)
+        except NoRouteError as exc:
+            raise self._no_route(route_req, exc) from None
 
     def _route(self, route_req: RouteRequest) -> RouteTicket:
         started = time.perf_counter()
         try:
             ticket = self.router.route(route_req)
         except NoRouteError as exc:
-            if route_req.model not in self.models:
-                raise ApiError(404, f"The model `{route_req.model}` does not exist.", "invalid_request_error",
-                               code="model_not_found", param="model") from None
-            raise ApiError(503, f"no healthy worker: {exc}", "service_unavailable", code="no_healthy_worker",
-                           retry_after_s=1) from None
+            raise self._no_route(route_req, exc) from None
         except OverflowError:  # token ids are packed as u32 for the block keys
             raise ApiError(400, "prompt token ids must be integers in [0, 2**32)", param="prompt") from None
         except (ValueError, TypeError) as exc:  # e.g. a chat template that rejects the messages
@@ -139,6 +160,13 @@ class ProxyEndpoint:
                            param="messages" if route_req.messages is not None else "prompt") from None
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
         return ticket
+
+    def _no_route(self, route_req: RouteRequest, exc: NoRouteError) -> ApiError:
+        if route_req.model not in self.models:
+            return ApiError(404, f"The model `{route_req.model}` does not exist.", "invalid_request_error",
+                            code="model_not_found", param="model")
+        return ApiError(503, f"no healthy worker: {exc}", "service_unavailable", code="no_healthy_worker",
+                        retry_after_s=1)
 
     async def _respond(self, session: Session, held: list, tenant: str, scope: Scope, receive: Receive,
                        send: Send) -> None:
@@ -149,10 +177,20 @@ class ProxyEndpoint:
             response = StreamingResponse(self._observed(session, session.stream(held), tenant),
                                          media_type="text/event-stream", headers={"cache-control": "no-cache"})
             response.raw_headers += headers
-            await response(scope, receive, send)
+            try:
+                await response(scope, receive, send)
+            finally:  # a stream the server never read (its client left at once) ends here
+                await session.end()
+                self._finish(session, tenant)
             return
-        result = await _unless_disconnected(receive, session.collect(held))
-        self._finish(session, tenant)
+        try:
+            result = await _unless_disconnected(receive, session.collect(held))
+        except ApiError as error:  # the worker failed mid-answer and no other could continue it
+            self._finish(session, tenant, str(error.status))
+            await error.response()(scope, receive, send)
+            return
+        finally:
+            self._finish(session, tenant)
         if result is None:
             await _client_gone(send)
             return
@@ -169,17 +207,33 @@ class ProxyEndpoint:
         finally:
             self._finish(session, tenant)
 
-    def _finish(self, session: Session, tenant: str) -> None:
+    def _finish(self, session: Session, tenant: str, status: str | None = None) -> None:
+        """The request's one terminal record: status (default: 200 if answered, the error a stream
+        ended with, else 499 for a client that left), latency, tokens, cost; its permit ends."""
+        if session.recorded:
+            return
+        session.recorded = True
         req, m = session.req, self.metrics
-        status = "200" if session.done or session.finish_reason is not None else "499"  # 499: client left
+        answered = session.done or session.finish_reason is not None
+        if status is None:
+            status = "200" if answered else str(session.error_status or 499)
         m.child(m.requests, tenant, req.model, status).inc()
         m.child(m.e2e, req.model).observe(time.monotonic() - req.started_s)
         usage = session.final_usage() or {}
+        session.permit.end(queue_delay_s=session.ticket.queue_delay_s, dropped=session.ticket.outcome in _DROPPED,
+                           usage=usage or None, first_token_at_s=session.first_token_s)
         if usage:
             m.child(m.prompt_tokens, tenant, req.model).inc(usage.get("prompt_tokens", 0))
             m.child(m.completion_tokens, tenant, req.model).inc(usage.get("completion_tokens", 0))
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
             m.child(m.cached_tokens, tenant, req.model).inc(cached)
+        prices = self.prices[req.pool]
+        m.record_cost(tenant, request_cost_usd(usage, prompt_per_1m=prices.prompt_per_1m,
+                                               cached_per_1m=prices.cached_per_1m,
+                                               completion_per_1m=prices.completion_per_1m), answered)
+
+
+_DROPPED = ("upstream_unavailable", "failover_failed")  # ticket outcomes the fleet caused: congestion to the limiter
 
 
 async def _client_gone(send: Send) -> None:
@@ -188,13 +242,49 @@ async def _client_gone(send: Send) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-def _priority(value: str | None) -> int | None:
+def _requested_priority(value: str | None) -> Priority | None:
     if value is None:
         return None
     try:
-        return int(value)
+        return Priority.parse(value)
+    except ValueError as exc:
+        raise ApiError(400, f"X-Priority: {exc}", param="X-Priority") from None
+
+
+def _deadline_ms(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        deadline_ms = float(value)
     except ValueError:
-        raise ApiError(400, "X-Priority must be an integer", param="X-Priority") from None
+        deadline_ms = math.nan
+    if not 0 < deadline_ms < math.inf:
+        raise ApiError(400, "X-Request-Deadline-Ms must be a positive number of milliseconds",
+                       param="X-Request-Deadline-Ms")
+    return deadline_ms
+
+
+def _workflow_step(value: str | None) -> int | None:
+    if value is None:
+        return None
+    if not value.strip().isdigit() or int(value) < 1:
+        raise ApiError(400, "X-Workflow-Step must be an integer >= 1", param="X-Workflow-Step")
+    return int(value)
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _without_client_priority(body: dict[str, Any]) -> dict[str, Any]:
+    """The body a worker gets: a client's own `priority` never reaches it (x-priority carries the admitted one)."""
+    if "priority" not in body:
+        return body
+    return {k: v for k, v in body.items() if k != "priority"}
 
 
 async def _unless_disconnected(receive: Receive, awaitable: Awaitable[T]) -> T | None:

@@ -1,5 +1,6 @@
 """A completion request's body: read, parsed as strict JSON, and checked as far as routing needs
-(the worker validates sampling parameters itself). Every problem is a 400 naming the field."""
+(the worker validates sampling parameters itself; every problem is a 400 naming the field); and
+its prompt's size estimated before tokenization, for admission."""
 
 from __future__ import annotations
 
@@ -68,3 +69,25 @@ def _finite_float(text: str) -> float:
     if math.isinf(value):
         raise ValueError(f"number out of range: {text[:40]}")
     return value
+
+
+def estimate_prompt_tokens(body: dict[str, Any]) -> int:
+    """The prompt's tokens before it is tokenized (admission counts them against tokens_per_min; the
+    router's exact count corrects it): token-id prompts count themselves, text ~4 bytes a token."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    if isinstance(prompt, list):
+        prompt = prompt[0] if prompt and isinstance(prompt[0], str) else ""
+    if isinstance(prompt, str):
+        return len(prompt.encode()) // 4 + 1
+    size = 0
+    for message in body.get("messages") or ():
+        content = message.get("content")
+        if isinstance(content, str):
+            size += len(content.encode())
+        elif isinstance(content, list):
+            size += sum(len(str(part.get("text", "")).encode()) for part in content if isinstance(part, dict))
+    return size // 4 + 1

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from admission.retry_budget import RetryBudget
+from gateway.admission import Permit
 from gateway.errors import UpstreamError
 from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
@@ -58,10 +58,11 @@ class ProxyRequest:
 @dataclass(slots=True, kw_only=True, eq=False)
 class Session:
     """One request's answer, across its upstream attempts. Its collaborators are what a request
-    touches: the routing ticket (candidates, predictions, load), the fleet (who is in rotation;
+    touches: the routing ticket (candidates, predictions, load), its admission permit (deadline;
+    retries and failovers spend the pool's retry budget through it), the fleet (who is in rotation;
     breakers and slow-worker ejection hear each attempt's outcome), the upstream client and its
-    timeouts, the pool's retry budget, the metrics, and the model's tokenizer (None when only an
-    approximate one is known) for continuing after a failover. The ticket ends exactly once: in
+    timeouts, the metrics, and the model's tokenizer (None when only an approximate one is known)
+    for continuing after a failover. The ticket ends exactly once: in
     start() when no attempt could begin the answer, else at the end of stream() or collect()."""
 
     req: ProxyRequest
@@ -69,7 +70,7 @@ class Session:
     fleet: Fleet
     upstream: UpstreamClient
     settings: UpstreamConfig
-    budget: RetryBudget
+    permit: Permit
     metrics: GatewayMetrics
     tokenizer: RoutingTokenizer | None
     rng: random.Random
@@ -89,6 +90,9 @@ class Session:
     delivered_tokens_at_failover: int = 0
     token_ids: list[int] = field(default_factory=list)
     end_reason: str | None = None  # why the answer stopped short, when it did
+    error_status: int | None = None  # the status of the error a stream ended with
+    ended: bool = False
+    recorded: bool = False  # the endpoint has recorded its outcome (metrics, permit)
 
     # -- before the first byte ---------------------------------------------------------------
 
@@ -98,11 +102,10 @@ class Session:
         Raises UpstreamError for a non-retryable worker answer (the client gets it as is) and
         ApiError when no worker could take the request; the ticket has failed then.
         """
-        self.budget.record_request()
         try:
             return await self._open_with_retries(self._upstream_body(self.req.body), first=True)
-        except ApiError:
-            self.ticket.failed("no_worker")
+        except ApiError as error:  # no worker took it, or its deadline passed first
+            self.ticket.failed(error.code or "upstream_unavailable")
             raise
         except UpstreamError:
             self.ticket.failed("refused")
@@ -117,8 +120,11 @@ class Session:
             worker_id = self._next_candidate()
             if worker_id is None:
                 break
+            if self.permit.deadline_passed():  # nothing goes upstream after the request's deadline
+                raise ApiError(503, "the request's deadline passed before a worker could take it",
+                               "service_unavailable", code="deadline_exceeded", retry_after_s=1)
             if attempt_no > 0 or not first:
-                if not self.budget.try_spend():
+                if not self.permit.retry_allowed():
                     self.metrics.budget_refusals.labels(pool=self.req.pool).inc()
                     break
                 self.metrics.retries.labels(pool=self.req.pool).inc()
@@ -180,9 +186,10 @@ class Session:
             async for data in self._events(held):
                 yield data
         except ApiError as error:  # no worker could continue: end the stream with an error
+            self.error_status = error.status
             yield encode_event(error.body())
         finally:
-            await self._end()
+            await self.end()
         yield DONE
 
     async def collect(self, held: list[SseEvent]) -> dict[str, Any]:
@@ -191,12 +198,16 @@ class Session:
             async for _ in self._events(held):
                 pass
         finally:
-            await self._end()
+            await self.end()
         return self._full_response()
 
-    async def _end(self) -> None:
-        """Close the last attempt and end the ticket. A client that went away is no fault of the
-        worker: its attempt records no outcome then."""
+    async def end(self) -> None:
+        """Close the last attempt and end the ticket, once (stream() and collect() do it; call it
+        for a stream that was never read). A client that went away is no fault of the worker: its
+        attempt records no outcome then."""
+        if self.ended:
+            return
+        self.ended = True
         answered = self.done or self.finish_reason is not None
         await self._close_attempt(ok=True if self.done else None)
         if answered:

@@ -64,7 +64,7 @@ def build_app(upstream: str, state: FaultState | None = None,
         except httpx.HTTPError as exc:
             return JSONResponse({"error": {"message": f"upstream: {type(exc).__name__}", "code": 502}}, status_code=502)
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP}
-        return StreamingResponse(_relay(resp), status_code=resp.status_code, headers=out_headers)
+        return StreamingResponse(relay(resp), status_code=resp.status_code, headers=out_headers)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -75,7 +75,8 @@ def build_app(upstream: str, state: FaultState | None = None,
                              Route("/{path:path}", forward, methods=["GET", "POST"])], lifespan=lifespan)
 
 
-async def _relay(resp: httpx.Response):
+async def relay(resp: httpx.Response):
+    """A worker's streamed answer, passed on chunk by chunk as it comes (for the proxies' StreamingResponse)."""
     try:
         async for chunk in resp.aiter_raw():
             yield chunk

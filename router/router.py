@@ -133,11 +133,14 @@ class Router:
 
     # -- routing ---------------------------------------------------------------------------------
 
+    def pool_for(self, req: RouteRequest) -> str:
+        """The pool route() would send req to now (its rule's pool, or the fallback), without
+        tokenizing: admission queues a request in that pool's queue before it is routed."""
+        return self._candidates(self._rule_for(req), req.model)[0]
+
     def route(self, req: RouteRequest) -> RouteTicket:
         """Tokenize, key, match, score: a ticket with the ranked candidates, the first recorded as predicted."""
-        rule = self._rules.select(req)
-        if rule is None:
-            raise NoRouteError(f"no routing rule matches model={req.model!r} path={req.path!r}")
+        rule = self._rule_for(req)
         pool, specs = self._candidates(rule, req.model)
         tokenizer = self._tokenizers.get(req.model, self._approximate)
         token_ids = self._tokenize(tokenizer, req)
@@ -174,6 +177,12 @@ class Router:
         )
         prediction = Prediction(chosen, keys, max(confirmed, predicted), expiry)
         return RouteTicket(ranked, self._books, cached_tokens_at, prediction)
+
+    def _rule_for(self, req: RouteRequest) -> RoutingRule:
+        rule = self._rules.select(req)
+        if rule is None:
+            raise NoRouteError(f"no routing rule matches model={req.model!r} path={req.path!r}")
+        return rule
 
     def _policy(self, rule: RoutingRule) -> Policy:
         policy = self._instances.get(rule.name)

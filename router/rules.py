@@ -22,7 +22,7 @@ class RuleMatch:
 
     model: str | None = None
     tenant: str | None = None
-    priority: int | None = None
+    priority: str | None = None  # an admitted class name
     headers: tuple[tuple[str, str], ...] = ()
     path: str | None = None
 

@@ -87,6 +87,7 @@ class RouteTicket:
     outcome: str | None = None  # "finished" or the reason given to failed()
     attempts: int = 0
     worker_id: str | None = None  # the current (or last) attempt's worker
+    queue_delay_s: float | None = None  # the last first token's wait at the worker beyond its own prefill
     _flight: InFlight | None = field(default=None, repr=False)
 
     @property
@@ -110,15 +111,21 @@ class RouteTicket:
         """The attempt's first token arrived. Returns the seconds it was expected to take: the
         prefill work it waited for (queued ahead at dispatch plus its own uncached tokens) at the
         median measured prefill rate of its pool. A worker busy with long prompts meets that; a
-        sick one falls behind it (the gateway's slow-worker ejection compares workers on it)."""
+        sick one falls behind it (the gateway's slow-worker ejection compares workers on it).
+        Sets queue_delay_s: the wait beyond computing its own uncached prompt at that rate, the
+        congestion signal of the pool's admission limit."""
         if self.state != SENT or self._flight is None:
             return None
         self.state = STREAMING
+        flight = self._flight
         rates = self._pool_prefill_rates()  # before the sample below moves this worker's rate
-        work_tokens = self.books.load.on_first_token(self._flight)
-        if work_tokens is None or not rates:
+        work_tokens = self.books.load.on_first_token(flight)
+        if work_tokens is None or not rates or flight.first_token_at is None:
             return None
-        return work_tokens / statistics.median(rates)
+        rate = statistics.median(rates)
+        waited_s = flight.first_token_at - flight.dispatched_at
+        self.queue_delay_s = max(0.0, waited_s - flight.prefill_tokens / rate)
+        return work_tokens / rate
 
     def attempt_failed(self) -> None:
         """The current attempt ended without finishing the request; another may follow."""

@@ -39,7 +39,7 @@ class RouteRequest:
     tools: Sequence[Mapping[str, Any]] | None = None
     request_id: str | None = None
     tenant: str | None = None
-    priority: int | None = None
+    priority: str | None = None  # the admitted class: "critical", "standard" or "batch"
     session_id: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     path: str = "/v1/chat/completions"

@@ -3,12 +3,14 @@ model folder."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kvgate.clock import ManualClock
 from loadtest.procs import free_port
+from tests.redis_server import RedisServer
 from tests.tiny_models import build_model_dir
 
 
@@ -21,6 +23,15 @@ def free_port_pair() -> int:
 def clock() -> ManualClock:
     """The injected clock for router, admission and gateway logic; tests move it with advance()."""
     return ManualClock()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A redis-server of this test's own (stopped at its end), so it may stop and start it."""
+    server = RedisServer(free_port())
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,13 @@
-"""kvgate's YAML configuration: the schema (frozen dataclasses) and its loader."""
+"""kvgate's YAML configuration: the schema (frozen dataclasses) and its one loader."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Mapping
 
+from kvgate.config.admission import PoolAdmissionConfig, PricesConfig, TenantConfig
 from kvgate.config.loader import ConfigError, build, load_yaml_file
+from kvgate.config.policy_file import PolicyFileConfig, RuleConfig, RuleMatchConfig
 from kvgate.config.schema import (
     ApiKeyConfig,
     AuthConfig,
@@ -16,12 +18,9 @@ from kvgate.config.schema import (
     LimitsConfig,
     OutlierConfig,
     PolicyConfig,
-    PolicyFileConfig,
     PoolConfig,
     RedisConfig,
     RoutingConfig,
-    RuleConfig,
-    RuleMatchConfig,
     ServerConfig,
     UpstreamConfig,
     WorkerConfig,
@@ -40,7 +39,8 @@ def load_policy_file(path: str | Path, env: Mapping[str, str] | None = None) -> 
 
 __all__ = [
     "ApiKeyConfig", "AuthConfig", "BreakerConfig", "ConfigError", "HealthConfig", "KvgateConfig", "LaunchConfig",
-    "LimitsConfig", "OutlierConfig", "PolicyConfig", "PolicyFileConfig", "PoolConfig", "RedisConfig", "RoutingConfig",
-    "RuleConfig", "RuleMatchConfig", "ServerConfig", "UpstreamConfig", "WorkerConfig",
+    "LimitsConfig", "OutlierConfig", "PolicyConfig", "PolicyFileConfig", "PoolAdmissionConfig", "PoolConfig",
+    "PricesConfig", "RedisConfig", "RoutingConfig", "RuleConfig", "RuleMatchConfig", "ServerConfig", "TenantConfig",
+    "UpstreamConfig", "WorkerConfig",
     "build", "load_config", "load_policy_file",
 ]

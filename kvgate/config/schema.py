@@ -6,44 +6,14 @@ default that `make run` starts.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import ParseResult, urlparse
+from urllib.parse import urlparse
 
+from kvgate.config.admission import PoolAdmissionConfig, PricesConfig, TenantConfig
+from kvgate.config.checks import NAME, SHA256_HEX, check_http_url, check_positive, check_zmq_endpoint
 from kvgate.config.loader import ConfigError
 from kvgate.kv_endpoints import REPLAY_PORT_OFFSET, replay_port
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
-
-
-def _has_bad_port(parsed: ParseResult) -> bool:
-    """True for a port that is not a number in 0..65535 (urlparse checks only when .port is read)."""
-    try:
-        parsed.port
-    except ValueError:
-        return True
-    return False
-
-
-def _check_http_url(url: str) -> None:
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname or _has_bad_port(parsed):
-        raise ConfigError("url", "not an http(s) URL")
-
-
-def _check_zmq_endpoint(endpoint: str, key: str) -> None:
-    parsed = urlparse(endpoint)
-    bad_tcp = parsed.scheme == "tcp" and (_has_bad_port(parsed) or not parsed.port)
-    if parsed.scheme not in ("tcp", "ipc") or bad_tcp:
-        raise ConfigError(key, "not a ZMQ endpoint like tcp://HOST:PORT")
-
-
-def _check_positive(value: float | None, key: str) -> None:
-    if value is not None and value <= 0:
-        raise ConfigError(key, "must be > 0")
-
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
@@ -67,7 +37,7 @@ class LimitsConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_header_count", "max_header_bytes"):
-            _check_positive(getattr(self, name), name)
+            check_positive(getattr(self, name), name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +54,7 @@ class UpstreamConfig:
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_s", "first_byte_timeout_s", "idle_timeout_s", "total_timeout_s"):
-            _check_positive(getattr(self, name), name)
+            check_positive(getattr(self, name), name)
         if not 0 <= self.max_retries <= 5:
             raise ConfigError("max_retries", "must be in 0..5")
         if not 0 < self.retry_budget_ratio <= 1:
@@ -101,9 +71,9 @@ class ApiKeyConfig:
     sha256: str
 
     def __post_init__(self) -> None:
-        if not _NAME.match(self.tenant):
+        if not NAME.match(self.tenant):
             raise ConfigError("tenant", "must be letters, digits, '.', '_' or '-'")
-        if not _SHA256_HEX.match(self.sha256):
+        if not SHA256_HEX.match(self.sha256):
             raise ConfigError("sha256", "must be 64 lowercase hex characters")
 
 
@@ -118,13 +88,16 @@ class AuthConfig:
 
 @dataclass(frozen=True, slots=True)
 class RedisConfig:
-    """Shared state for gateway replicas; url None means in-memory (one replica)."""
+    """Shared state for gateway replicas; url None means in-memory (one replica). replicas: how many
+    gateways share it (while Redis is unreachable each enforces 1/replicas of a tenant's limits)."""
 
     url: str | None = None
+    replicas: int = 1
 
     def __post_init__(self) -> None:
         if self.url is not None and urlparse(self.url).scheme not in ("redis", "rediss", "unix"):
             raise ConfigError("url", "not a redis:// URL")
+        check_positive(self.replicas, "replicas")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +116,7 @@ class LaunchConfig:
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
-            _check_positive(getattr(self, name), name)
+            check_positive(getattr(self, name), name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,13 +131,13 @@ class WorkerConfig:
     launch: LaunchConfig | None = None
 
     def __post_init__(self) -> None:
-        if not _NAME.match(self.name):
+        if not NAME.match(self.name):
             raise ConfigError("name", "must be letters, digits, '.', '_' or '-'")
-        _check_http_url(self.url)
-        _check_positive(self.block_size, "block_size")
-        _check_positive(self.num_blocks, "num_blocks")
+        check_http_url(self.url)
+        check_positive(self.block_size, "block_size")
+        check_positive(self.num_blocks, "num_blocks")
         if self.kv_events_endpoint is not None:
-            _check_zmq_endpoint(self.kv_events_endpoint, "kv_events_endpoint")
+            check_zmq_endpoint(self.kv_events_endpoint, "kv_events_endpoint")
             self._check_kv_events_port()
         if self.launch is not None:
             host = urlparse(self.url).hostname
@@ -214,7 +187,7 @@ class HealthConfig:
 
     def __post_init__(self) -> None:
         for name in ("interval_s", "timeout_s", "unhealthy_threshold", "healthy_threshold"):
-            _check_positive(getattr(self, name), name)
+            check_positive(getattr(self, name), name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,8 +198,8 @@ class BreakerConfig:
     reset_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
-        _check_positive(self.fail_max, "fail_max")
-        _check_positive(self.reset_timeout_s, "reset_timeout_s")
+        check_positive(self.fail_max, "fail_max")
+        check_positive(self.reset_timeout_s, "reset_timeout_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +216,7 @@ class OutlierConfig:
 
     def __post_init__(self) -> None:
         for name in ("min_samples", "ratio", "base_latency_s", "ejection_s"):
-            _check_positive(getattr(self, name), name)
+            check_positive(getattr(self, name), name)
         if not 0 <= self.max_ejected_fraction <= 1:
             raise ConfigError("max_ejected_fraction", "must be in [0, 1]")
         if not 0 < self.ewma_alpha <= 1:
@@ -260,7 +233,7 @@ class RoutingConfig:
     debug_header: bool = True
 
     def __post_init__(self) -> None:
-        _check_positive(self.policies_watch_interval_s, "policies_watch_interval_s")
+        check_positive(self.policies_watch_interval_s, "policies_watch_interval_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +253,8 @@ class PoolConfig:
     workers: tuple[WorkerConfig, ...]
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     tokenizer: str | None = None
+    admission: PoolAdmissionConfig = field(default_factory=PoolAdmissionConfig)
+    prices: PricesConfig = field(default_factory=PricesConfig)
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -290,9 +265,11 @@ class PoolConfig:
 
 @dataclass(frozen=True, slots=True)
 class KvgateConfig:
-    """The whole file: the gateway's server, limits, upstream, auth, redis, routing, health and pools."""
+    """The whole file: the gateway's server, limits, upstream, auth, redis, routing, health, pools
+    and tenants."""
 
     pools: dict[str, PoolConfig]
+    tenants: dict[str, TenantConfig] = field(default_factory=dict)
     gateway: ServerConfig = field(default_factory=ServerConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
@@ -307,10 +284,11 @@ class KvgateConfig:
         if not self.pools:
             raise ConfigError("pools", "at least one pool is required")
         for pool_name in self.pools:
-            if not _NAME.match(pool_name):
+            if not NAME.match(pool_name):
                 raise ConfigError(f"pools.{pool_name}", "pool names must be letters, digits, '.', '_' or '-'")
         self._check_unique_names()
         self._check_unique_ports()
+        self._check_tenants()
 
     def _workers_at(self) -> list[tuple[str, WorkerConfig]]:
         """(YAML path, worker) for every worker, in file order."""
@@ -339,52 +317,17 @@ class KvgateConfig:
                     raise ConfigError(f"{where}.{key}", f"port {port}{note} is already used by {users[port]}")
                 users[port] = f"{where}.{key}{note}"
 
+    def _check_tenants(self) -> None:
+        """Tenant names are names; once tenants are listed, every configured key names one of them."""
+        for name in self.tenants:
+            if not NAME.match(name):
+                raise ConfigError(f"tenants.{name}", "tenant names must be letters, digits, '.', '_' or '-'")
+        if not self.tenants:
+            return
+        for i, key in enumerate(self.auth.keys):
+            if key.tenant not in self.tenants:
+                raise ConfigError(f"auth.keys[{i}].tenant",
+                                  f"unknown tenant {key.tenant!r} (tenants: {', '.join(self.tenants)})")
+
     def launched_workers(self) -> list[WorkerConfig]:
         return [w for pool in self.pools.values() for w in pool.workers if w.launch is not None]
-
-
-# -- the routing-policy file (routing.policies_file) ------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RuleMatchConfig:
-    """Which requests a rule takes: every given field must match (none given: all requests)."""
-
-    model: str | None = None  # shell wildcards allowed ("llama-*")
-    tenant: str | None = None
-    priority: int | None = None
-    header: dict[str, str] = field(default_factory=dict)  # names are case-insensitive
-    path: str | None = None  # wildcards allowed ("/v1/chat/*")
-
-
-@dataclass(frozen=True, slots=True)
-class RuleConfig:
-    """One named rule: matching requests go to pool with policy (fallback_pool when pool has no
-    healthy worker for the model)."""
-
-    name: str
-    pool: str
-    match: RuleMatchConfig = field(default_factory=RuleMatchConfig)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    fallback_pool: str | None = None
-
-    def __post_init__(self) -> None:
-        for key in ("name", "pool", "fallback_pool"):
-            if getattr(self, key) == "":
-                raise ConfigError(key, "must be a non-empty string")
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyFileConfig:
-    """The routing-policy file: rules tried in order, the first that matches wins."""
-
-    rules: tuple[RuleConfig, ...]
-
-    def __post_init__(self) -> None:
-        if not self.rules:
-            raise ConfigError("rules", "must be a non-empty list")
-        seen: dict[str, int] = {}
-        for i, rule in enumerate(self.rules):
-            if rule.name in seen:
-                raise ConfigError(f"rules[{i}].name", f"duplicate rule name {rule.name!r} (also rules[{seen[rule.name]}])")
-            seen[rule.name] = i

@@ -1,11 +1,13 @@
 """A worker that fails on purpose, for gateway fault tests.
 
 usage: fake_worker.py PORT MODE
-  (MODE: status503 | hang | hang_after_headers | hang_first | answer | slow | trickle | stall_mid_stream)
-answer streams a one-token completion at once; slow does the same after SLOW_FIRST_TOKEN_S;
+  (MODE: status503 | hang | hang_after_headers | hang_first | answer | slow | hold | trickle | stall_mid_stream)
+answer streams a one-token completion at once; slow does the same after SLOW_FIRST_TOKEN_S; hold
+answers its first token at once and finishes after HOLD_S (a request that takes a while to serve);
 hang_first hangs after the headers on its first request and answers the others;
 trickle streams a token every 0.1 s for a minute; stall_mid_stream sends two tokens, then nothing;
-GET /calls counts streams (trickle, hang_after_headers, hang_first) cut off by the client: "cancelled".
+GET /calls counts requests ("generate") and streams (trickle, hang_after_headers, hang_first) cut off by the
+client ("cancelled"); GET /requests lists every request's headers and JSON body, in order.
 /health always answers 200 so the worker stays in rotation: only the breaker, the timeouts
 and slow-worker ejection can take it out.
 """
@@ -22,17 +24,19 @@ from starlette.routing import Route
 
 MODE = sys.argv[2]
 SLOW_FIRST_TOKEN_S = 1.0
+HOLD_S = 1.0
 calls = {"generate": 0, "cancelled": 0}
+received: list[dict] = []
 
 
 async def generate(request: Request) -> Response:
     calls["generate"] += 1
-    await request.body()
+    received.append({"headers": dict(request.headers), "body": json.loads(await request.body() or b"null")})
     if MODE == "status503":
         return JSONResponse({"error": {"message": "overloaded", "type": "service_unavailable"}}, status_code=503)
     if MODE == "hang":
         await asyncio.sleep(3600)
-    if MODE in ("answer", "slow") or (MODE == "hang_first" and calls["generate"] > 1):
+    if MODE in ("answer", "slow", "hold") or (MODE == "hang_first" and calls["generate"] > 1):
         return StreamingResponse(one_token_answer(), media_type="text/event-stream")
     if MODE in ("trickle", "stall_mid_stream"):
         return StreamingResponse(tokens(), media_type="text/event-stream")
@@ -60,7 +64,12 @@ def token(text: str, finish_reason: str | None = None) -> bytes:
 async def one_token_answer():
     if MODE == "slow":
         await asyncio.sleep(SLOW_FIRST_TOKEN_S)
-    yield token("hi", "length")
+    if MODE == "hold":
+        yield token("hi")
+        await asyncio.sleep(HOLD_S)
+        yield token("", "length")
+    else:
+        yield token("hi", "length")
     yield event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
     yield b"data: [DONE]\n\n"
 
@@ -84,9 +93,13 @@ async def stats(request: Request) -> Response:
     return JSONResponse(calls)
 
 
+async def requests_received(request: Request) -> Response:
+    return JSONResponse(received)
+
+
 app = Starlette(routes=[Route("/v1/chat/completions", generate, methods=["POST"]),
                         Route("/v1/completions", generate, methods=["POST"]),
-                        Route("/health", health), Route("/calls", stats)])
+                        Route("/health", health), Route("/calls", stats), Route("/requests", requests_received)])
 
 if __name__ == "__main__":
     uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")

@@ -23,7 +23,7 @@ POOLS = ("fast", "slow", "p", "q")
 GOOD = """
 rules:
   - name: premium
-    match: {tenant: acme, priority: 1, header: {X-Team: search}, model: "llama-*", path: "/v1/chat/*"}
+    match: {tenant: acme, priority: critical, header: {X-Team: search}, model: "llama-*", path: "/v1/chat/*"}
     pool: fast
     policy: {type: kv_aware, parameters: {slack: 0.2}}
     fallback_pool: slow
@@ -55,11 +55,11 @@ def test_good_file_loads_with_validated_parameters(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("request_fields", "rule"),
     [
-        ({"tenant": "acme", "priority": 1, "headers": {"x-team": "search"}}, "premium"),
-        ({"tenant": "acme", "priority": 1, "headers": {"x-team": "ads"}}, "everyone"),
-        ({"tenant": "acme", "priority": 1, "headers": {"x-team": "search"}, "model": "qwen"}, "everyone"),
-        ({"tenant": "acme", "priority": 1, "headers": {"x-team": "search"}, "path": "/v1/completions"}, "everyone"),
-        ({"tenant": "other", "priority": 1, "headers": {"x-team": "search"}}, "everyone"),
+        ({"tenant": "acme", "priority": "critical", "headers": {"x-team": "search"}}, "premium"),
+        ({"tenant": "acme", "priority": "critical", "headers": {"x-team": "ads"}}, "everyone"),
+        ({"tenant": "acme", "priority": "critical", "headers": {"x-team": "search"}, "model": "qwen"}, "everyone"),
+        ({"tenant": "acme", "priority": "critical", "headers": {"x-team": "search"}, "path": "/v1/completions"}, "everyone"),
+        ({"tenant": "other", "priority": "critical", "headers": {"x-team": "search"}}, "everyone"),
     ],
     ids=["all-match", "header-differs", "model-differs", "path-differs", "tenant-differs"],
 )
@@ -88,7 +88,7 @@ def test_first_matching_rule_wins(tmp_path, request_fields: dict, rule: str) -> 
         ("rules: [{name: a, pool: p, match: {user: x}}]",
          "rules[0].match.user: unknown key (expected one of: model, tenant, priority, header, path)"),
         ("rules: [{name: a, pool: p, match: {priority: high}}]",
-         "rules[0].match.priority: expected an integer, got a string 'high'"),
+         "rules[0].match.priority: must be one of: critical, standard, batch (got 'high')"),
         ("rules: [{name: a, pool: p, match: {header: [x]}}]", "rules[0].match.header: expected a mapping, got a list"),
         ("rules: [{name: a, pool: p, fallback_pool: [x]}]", "rules[0].fallback_pool: expected a string, got a list"),
         ("rules: [{name: a, pool: p, fallback_pool: nowhere}]", "rules[0].fallback_pool: unknown pool 'nowhere'"),
@@ -98,7 +98,7 @@ def test_first_matching_rule_wins(tmp_path, request_fields: dict, rule: str) -> 
     ids=[
         "empty-rules", "unknown-top-key", "unknown-rule-key", "duplicate-name", "missing-pool", "empty-pool",
         "unknown-type", "unknown-parameter", "bad-parameter-value", "unknown-policy-key", "unknown-match-key",
-        "priority-not-int", "header-not-map", "fallback-not-string", "unknown-fallback-pool", "not-a-map",
+        "priority-not-a-class", "header-not-map", "fallback-not-string", "unknown-fallback-pool", "not-a-map",
         "invalid-yaml",
     ],
 )

@@ -20,6 +20,7 @@ def test_dashboard_queries_name_metrics_we_export():
 
     gateway = GatewayMetrics()
     gateway.watch_router(Router({"p": [WorkerSpec("w", "m", 16)]}, RoutingRules((rule("d", "p"),))).stats)
+    gateway.watch_admission(lambda: {}, shared_limits=lambda: True)
     exported = set()
     for registry in (gateway.registry, WorkerMetrics("m", "sim").registry):
         for family in registry.collect():  # series appear once labelled: name them by type

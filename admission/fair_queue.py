@@ -1,0 +1,210 @@
+"""The bounded queue in front of a pool: strict order across priorities, weighted fair across tenants.
+
+Within a priority, tenants take turns by weight (start-time fair queuing over tenants: a tenant's
+turns come 1 / weight apart in virtual time, the lowest goes first), so a tenant that floods the
+queue waits behind its own requests, not in front of everyone else's. Within a tenant,
+later steps of a workflow go before new work (the work spent on their earlier steps is lost if
+they fail), then arrival order. When the queue is full, the request shed is the newest of the
+tenant that holds the most of the least urgent priority present, for its weight (possibly the
+request arriving; its new work before its workflow continuations); critical requests are shed last.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from admission.priority import Priority
+
+
+@dataclass(eq=False, slots=True)
+class QueuedRequest:
+    """A request waiting for its pool (compared by identity). handle is the caller's (e.g. the
+    future its client waits on)."""
+
+    tenant: str
+    priority: Priority
+    weight: float = 1.0
+    enqueued_s: float = 0.0
+    deadline_s: float | None = None  # absolute, on the admission clock
+    max_wait_s: float | None = None  # the longest it may wait (set when it is queued)
+    workflow_step: int | None = None  # 2 and later: a continuation of a workflow
+    handle: Any = None
+
+    @property
+    def continues_workflow(self) -> bool:
+        return self.workflow_step is not None and self.workflow_step > 1
+
+
+@dataclass(slots=True)
+class _TenantQueue:
+    weight: float
+    continuations: deque[QueuedRequest] = field(default_factory=deque)
+    new: deque[QueuedRequest] = field(default_factory=deque)
+    turn: float = 0.0  # virtual time of its next turn while backlogged
+    seq: int = 0  # that turn's tie-break in the heap (the lower goes first at equal turns)
+
+    def __len__(self) -> int:
+        return len(self.continuations) + len(self.new)
+
+
+class _Level:
+    """One priority: start-time fair queuing over its tenants (Goyal, Vin, Cheng, "Start-time Fair
+    Queueing", 1996). Each request gets a start tag: its tenant's previous finish tag, or the
+    virtual time if the tenant was idle (so idleness earns no credit); finish = start + 1 / weight.
+    The lowest start tag goes first, and the virtual time is the start tag last served. A tenant
+    arriving beside a flood is served at the next turn, not after the flood's queued requests."""
+
+    def __init__(self) -> None:
+        self.tenants: dict[str, _TenantQueue] = {}
+        self.turns: list[tuple[float, int, str]] = []  # (turn, tie-break, tenant); stale ones skipped
+        self.virtual_s = 0.0
+        self.size = 0
+        self._finish: dict[str, float] = {}  # each tenant's last finish tag (kept while it is ahead of virtual_s)
+        self._seq = itertools.count()
+
+    def push(self, request: QueuedRequest) -> None:
+        queue = self.tenants.get(request.tenant)
+        if queue is None:
+            queue = self.tenants[request.tenant] = _TenantQueue(request.weight)
+        if not queue:
+            queue.turn, queue.seq = max(self.virtual_s, self._finish.get(request.tenant, 0.0)), next(self._seq)
+            heapq.heappush(self.turns, (queue.turn, queue.seq, request.tenant))
+        (queue.continuations if request.continues_workflow else queue.new).append(request)
+        self.size += 1
+
+    def pop(self) -> QueuedRequest:
+        while True:
+            turn, seq, tenant = heapq.heappop(self.turns)
+            queue = self.tenants.get(tenant)
+            if queue is not None and queue and (queue.turn, queue.seq) == (turn, seq):
+                break
+        request = (queue.continuations or queue.new).popleft()
+        self.size -= 1
+        self.virtual_s = turn
+        finish = self._finish[tenant] = turn + 1.0 / queue.weight
+        if queue:
+            queue.turn, queue.seq = finish, next(self._seq)
+            heapq.heappush(self.turns, (queue.turn, queue.seq, tenant))
+        else:
+            del self.tenants[tenant]
+            self._forget_idle()
+        return request
+
+    def ahead_of(self, request: QueuedRequest) -> int:
+        """How many queued requests of this level request would follow: its own tenant's (only the
+        continuations, for a continuation), and the other tenants' turns before its own. Of turns
+        equal to its own, those already in the heap go first, unless request takes its tenant's turn
+        that is there (exact for a new tenant; equal turns not yet in the heap are not counted)."""
+        queue = self.tenants.get(request.tenant)
+        if queue:
+            own = len(queue.continuations) if request.continues_workflow else len(queue)
+            start = queue.turn + own / queue.weight
+            entry = (queue.turn, queue.seq) if own == 0 else (start, math.inf)
+        else:
+            start, own = max(self.virtual_s, self._finish.get(request.tenant, 0.0)), 0
+            entry = (start, math.inf)
+        others = sum(min(len(q), max(int((q.turn, q.seq) < entry), math.ceil((start - q.turn) * q.weight)))
+                     for name, q in self.tenants.items() if name != request.tenant)
+        return own + others
+
+    def _forget_idle(self) -> None:
+        """Finish tags at or behind the virtual time say nothing more (max() picks the virtual time)."""
+        if len(self._finish) > 2 * len(self.tenants) + 64:
+            self._finish = {t: f for t, f in self._finish.items() if f > self.virtual_s}
+
+    def remove(self, request: QueuedRequest) -> bool:
+        queue = self.tenants.get(request.tenant)
+        if queue is None:
+            return False
+        for part in (queue.continuations, queue.new):
+            try:
+                part.remove(request)
+            except ValueError:
+                continue
+            self.size -= 1
+            if not queue:
+                del self.tenants[request.tenant]  # its pending turn goes stale
+            return True
+        return False
+
+    def heaviest(self, extra_tenant: str | None, extra_weight: float) -> tuple[str, float]:
+        """The tenant holding the most for its weight, counting one more request of extra_tenant
+        (which wins a tie: the arriving request is the newest, so no queued one is displaced for it)."""
+        loads = {name: (len(q), q.weight) for name, q in self.tenants.items()}
+        if extra_tenant is not None:
+            held, _ = loads.get(extra_tenant, (0, extra_weight))
+            loads[extra_tenant] = (held + 1, extra_weight)
+        name = max(loads, key=lambda n: (loads[n][0] / loads[n][1], n == extra_tenant))
+        return name, loads[name][0] / loads[name][1]
+
+
+class FairQueue:
+    def __init__(self, max_size: int) -> None:
+        if max_size < 1:
+            raise ValueError("max_size must be >= 1")
+        self.max_size = max_size
+        self._levels = {priority: _Level() for priority in Priority}
+
+    def __len__(self) -> int:
+        return sum(level.size for level in self._levels.values())
+
+    def __iter__(self) -> Iterator[QueuedRequest]:
+        for level in self._levels.values():
+            for queue in level.tenants.values():
+                yield from queue.continuations
+                yield from queue.new
+
+    def depth(self, priority: Priority) -> int:
+        return self._levels[priority].size
+
+    def ahead_of(self, request: QueuedRequest) -> int:
+        """Queued requests a new one would follow: every more urgent one, and those of its own
+        priority whose turns come before its tenant's next."""
+        more_urgent = sum(self._levels[p].size for p in Priority if p < request.priority)
+        return more_urgent + self._levels[request.priority].ahead_of(request)
+
+    def push(self, request: QueuedRequest) -> QueuedRequest | None:
+        """Queue request; when full, shed one (see the module docstring) and return it: the request
+        itself when it is the one to go."""
+        if len(self) < self.max_size:
+            self._levels[request.priority].push(request)
+            return None
+        victim = self._victim(request)
+        if victim is request:
+            return request
+        self.remove(victim)
+        self._levels[request.priority].push(request)
+        return victim
+
+    def most_urgent(self) -> Priority | None:
+        """The priority of the request pop() would return next (None when empty)."""
+        return next((p for p, level in self._levels.items() if level.size), None)
+
+    def pop(self) -> QueuedRequest | None:
+        """The next request to admit: the most urgent priority, that priority's next tenant in turn."""
+        for level in self._levels.values():
+            if level.size:
+                return level.pop()
+        return None
+
+    def remove(self, request: QueuedRequest) -> bool:
+        """Take a request out (its client left, or it timed out); False if it is not queued."""
+        return self._levels[request.priority].remove(request)
+
+    def _victim(self, incoming: QueuedRequest) -> QueuedRequest:
+        least_urgent = max(p for p in Priority if self._levels[p].size)
+        if incoming.priority > least_urgent:
+            return incoming
+        level = self._levels[least_urgent]
+        extra = incoming.tenant if incoming.priority == least_urgent else None
+        tenant, _ = level.heaviest(extra, incoming.weight)
+        queue = level.tenants.get(tenant)
+        if tenant == extra and (queue is None or not queue.new or not incoming.continues_workflow):
+            return incoming  # the newest request of the heaviest tenant (a continuation displaces only new work)
+        return (queue.new or queue.continuations)[-1]

@@ -1,0 +1,249 @@
+"""Admission in the gateway: every completion request takes a permit before it is routed.
+
+First the tenant's own limits (requests per second, tokens per minute, requests in flight: 429),
+then its pool's adaptive concurrency limit and fair queue (admission/pool_admission.py): admitted
+at once, queued (the client waits), or refused (503). Every refusal carries Retry-After and an
+OpenAI-style error naming the reason, and no worker sees the request. The permit is the admitted
+work: its priority (the tenant's class, or lower if the client asked), its deadline, the pool's
+retry budget (retries and failovers spend it), and it ends once, giving the pool's slot back with
+the request's latency sample and settling the tenant's tokens with the usage reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from admission.concurrency_limit import LimitConfig
+from admission.fair_queue import QueuedRequest
+from admission.pool_admission import PoolAdmission, PoolAdmissionSettings
+from admission.priority import Priority, admitted_priority
+from admission.retry_budget import RetryBudget, RetryBudgetConfig
+from admission.tenants import OverLimit, TenantGrant, TenantLimits, TenantPolicy
+from admission.token_bucket import TokenBuckets
+from gateway.metrics import GatewayMetrics
+from kvgate.api_error import ApiError
+from kvgate.config import KvgateConfig, PoolConfig
+
+EXPIRY_TICK_S = 0.01  # how often queued requests are checked for their deadline and allowed wait
+
+_MESSAGES = {
+    "requests_per_s": "tenant {tenant} is over its requests_per_s limit",
+    "tokens_per_min": "tenant {tenant} is over its tokens_per_min limit",
+    "max_concurrency": "tenant {tenant} has max_concurrency requests in flight already",
+    "overloaded": "pool {pool} is overloaded: the request would wait longer than its queue allows",
+    "queue_full": "pool {pool} is overloaded: its queue is full",
+    "shed": "pool {pool} is overloaded: the request was shed for more urgent or fairer work",
+    "queue_timeout": "pool {pool} is overloaded: the request waited its longest allowed time in the queue",
+    "deadline_unmeetable": "pool {pool} cannot start the request before its deadline",
+    "deadline_exceeded": "the request's deadline passed before a worker could take it",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRequest:
+    """What admission needs to know about a completion request (before it is tokenized)."""
+
+    tenant: str
+    pool: str
+    priority: Priority
+    deadline_ms: float | None = None
+    workflow_step: int | None = None
+    prompt_tokens_estimate: int = 0
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Waiter:
+    """A queued request's client: the future it awaits, and what it asked for."""
+
+    future: asyncio.Future
+    request: AdmissionRequest
+
+
+@dataclass(slots=True, eq=False)
+class Permit:
+    """An admitted request's hold on its tenant's limits and its pool's concurrency. end() once."""
+
+    admission: Admission
+    request: AdmissionRequest
+    grant: TenantGrant
+    admitted_s: float
+    deadline_s: float | None
+    reserved_completion_tokens: int
+    ended: bool = field(default=False)
+
+    @property
+    def priority(self) -> Priority:
+        return self.request.priority
+
+    def deadline_passed(self) -> bool:
+        return self.deadline_s is not None and self.admission.clock() >= self.deadline_s
+
+    def retry_allowed(self) -> bool:
+        """A retry or failover is more admitted work: it spends the pool's retry budget."""
+        return self.admission.budgets[self.request.pool].try_spend()
+
+    def prompt_counted(self, prompt_tokens: int) -> None:
+        """Routing counted the prompt: the tenant's token reservation is corrected to it."""
+        self.admission.limits.recount(self.grant, prompt_tokens + self.reserved_completion_tokens)
+
+    def end(self, *, queue_delay_s: float | None, dropped: bool, usage: Mapping[str, Any] | None,
+            first_token_at_s: float | None = None) -> None:
+        """The request is over: the pool's slot goes back with its latency samples (queue_delay_s:
+        time at the worker beyond its own prefill, None without a first token; dropped: the fleet
+        failed it; first_token_at_s: when its first token came, on the admission clock), and the
+        tenant's tokens are settled on usage (the reservation when None).
+        Nothing here waits: it runs from a stream's cleanup, even as its client is cancelled."""
+        if self.ended:
+            return
+        self.ended = True
+        first_token_s = None if first_token_at_s is None else first_token_at_s - self.admitted_s
+        self.admission.release(self, queue_delay_s, dropped, usage, first_token_s)
+
+
+class Admission:
+    """Every pool's admission and every tenant's limits. run_expiry() is a background task."""
+
+    def __init__(self, *, tenants: Mapping[str, TenantPolicy], pools: Mapping[str, PoolAdmission],
+                 limits: TenantLimits, budgets: Mapping[str, RetryBudget], metrics: GatewayMetrics,
+                 completion_reserve: Mapping[str, int], clock: Callable[[], float] = time.monotonic) -> None:
+        self.tenants = dict(tenants)
+        self.pools = pools
+        self.limits = limits
+        self.budgets = budgets
+        self.metrics = metrics
+        self.clock = clock
+        self._completion_reserve = completion_reserve
+        self._queued = asyncio.Event()
+
+    def tenant(self, name: str) -> TenantPolicy:
+        """The tenant's policy; a tenant the config does not list (e.g. a key stored in Redis) gets the defaults."""
+        policy = self.tenants.get(name)
+        if policy is None:
+            policy = self.tenants[name] = TenantPolicy(name)
+        return policy
+
+    def priority_for(self, tenant: str, requested: Priority | None) -> Priority:
+        return admitted_priority(self.tenant(tenant).priority, requested)
+
+    async def admit(self, request: AdmissionRequest) -> Permit:
+        """A permit, after waiting in the pool's queue if need be; ApiError (429/503) when refused."""
+        tenant = self.tenant(request.tenant)
+        completion = request.max_tokens or self._completion_reserve[request.pool]
+        verdict = await self.limits.acquire(tenant, request.prompt_tokens_estimate + completion)
+        if isinstance(verdict, OverLimit):
+            raise self._refused(request, verdict.reason, verdict.retry_after_s, status=429)
+        grant, pool, now = verdict, self.pools[request.pool], self.clock()
+        deadline_ms = request.deadline_ms if request.deadline_ms is not None else tenant.deadline_ms
+        deadline_s = None if deadline_ms is None else now + deadline_ms / 1000.0
+        queued = QueuedRequest(tenant.name, request.priority, tenant.weight, deadline_s=deadline_s,
+                               workflow_step=request.workflow_step)
+        try:
+            await self._take_slot(pool, queued, request)
+        except BaseException:
+            self.limits.settle(grant, 0)  # refused or gone: it used nothing
+            raise
+        self.budgets[request.pool].record_request()
+        self.metrics.child(self.metrics.admitted, request.pool, tenant.name, request.priority.label).inc()
+        return Permit(self, request, grant, self.clock(), deadline_s, completion)
+
+    async def _take_slot(self, pool: PoolAdmission, queued: QueuedRequest, request: AdmissionRequest) -> None:
+        verdict = pool.offer(queued)
+        if verdict.shed is not None:
+            self._refuse_waiting(verdict.shed, "shed", pool)
+        if verdict.outcome == "admitted":
+            return
+        if verdict.outcome == "rejected":
+            raise self._refused(request, verdict.reason or "queue_full", verdict.retry_after_s or 1.0)
+        future = asyncio.get_running_loop().create_future()
+        queued.handle = _Waiter(future, request)
+        self._queued.set()
+        try:
+            await future
+        except asyncio.CancelledError:  # the client left while it waited
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self._admit(pool, pool.forget())  # admitted just as it left: the slot goes to the next
+            else:
+                pool.cancel(queued)
+            raise
+        finally:
+            waited_s = self.clock() - queued.enqueued_s
+            self.metrics.child(self.metrics.queue_wait, request.pool, request.priority.label).observe(waited_s)
+
+    def release(self, permit: Permit, queue_delay_s: float | None, dropped: bool,
+                usage: Mapping[str, Any] | None, first_token_s: float | None = None) -> None:
+        pool = self.pools[permit.request.pool]
+        held_s = self.clock() - permit.admitted_s
+        if queue_delay_s is None and not dropped:  # never reached a worker's first token: no sample
+            self._admit(pool, pool.forget())
+        else:
+            self._admit(pool, pool.release(held_s, queue_delay_s, dropped, first_token_s))
+        used = None if usage is None else (usage.get("prompt_tokens") or 0) + (usage.get("completion_tokens") or 0)
+        self.limits.settle(permit.grant, used)
+
+    async def run_expiry(self) -> None:
+        """Answer queued requests past their deadline or their allowed wait, a few times a second
+        while anything waits (and not at all while nothing does)."""
+        while True:
+            await self._queued.wait()
+            self._queued.clear()
+            while any(len(pool.queue) for pool in self.pools.values()):
+                for pool in self.pools.values():
+                    for queued, reason in pool.expire():
+                        self._refuse_waiting(queued, reason, pool)
+                await asyncio.sleep(EXPIRY_TICK_S)
+
+    def _admit(self, pool: PoolAdmission, admitted: list[QueuedRequest]) -> None:
+        """Wake the clients of requests the pool admitted; one that left already gives its slot on."""
+        for queued in admitted:
+            if not queued.handle.future.done():
+                queued.handle.future.set_result(None)
+            else:
+                self._admit(pool, pool.forget())
+
+    def _refuse_waiting(self, queued: QueuedRequest, reason: str, pool: PoolAdmission) -> None:
+        waiter: _Waiter = queued.handle
+        if not waiter.future.done():
+            waiter.future.set_exception(self._refused(waiter.request, reason, pool.retry_after_s()))
+
+    def _refused(self, request: AdmissionRequest, reason: str, retry_after_s: float, status: int = 503) -> ApiError:
+        self.metrics.child(self.metrics.rejected, request.pool, request.tenant, request.priority.label, reason).inc()
+        message = _MESSAGES[reason].format(tenant=request.tenant, pool=request.pool)
+        type_ = "rate_limit_exceeded" if status == 429 else "service_unavailable"
+        return ApiError(status, message, type_, code=reason, retry_after_s=max(1, math.ceil(retry_after_s)))
+
+
+DEFAULT_WORKER_CONCURRENCY = 64  # a worker without a launch section: vLLM's default max_num_seqs is higher
+
+
+def admission_from_config(config: KvgateConfig, metrics: GatewayMetrics, buckets: TokenBuckets,
+                          clock: Callable[[], float] = time.monotonic) -> Admission:
+    """Every pool's admission (its ceiling: what its workers run, unless configured) and every
+    configured tenant's policy; the retry budgets of upstream.retry_budget_*."""
+    pools = {name: PoolAdmission(_pool_admission_settings(pool), clock) for name, pool in config.pools.items()}
+    tenants = {name: TenantPolicy(name, Priority.parse(t.priority), t.weight, t.requests_per_s, t.requests_burst,
+                                  t.tokens_per_min, t.tokens_burst, t.max_concurrency, t.deadline_ms)
+               for name, t in config.tenants.items()}
+    up = config.upstream
+    budget = RetryBudgetConfig(ratio=up.retry_budget_ratio, min_retries_per_s=up.retry_budget_min_per_s)
+    return Admission(tenants=tenants, pools=pools, limits=TenantLimits(buckets, config.redis.replicas),
+                     budgets={name: RetryBudget(budget, clock) for name in config.pools}, metrics=metrics,
+                     completion_reserve={name: p.admission.default_completion_tokens
+                                         for name, p in config.pools.items()}, clock=clock)
+
+
+def _pool_admission_settings(pool: PoolConfig) -> PoolAdmissionSettings:
+    knobs = pool.admission
+    ceiling = knobs.max_concurrency or sum(w.launch.max_num_seqs if w.launch else DEFAULT_WORKER_CONCURRENCY
+                                           for w in pool.workers)
+    minimum = min(knobs.min_concurrency, ceiling)
+    initial = None if knobs.initial_concurrency is None else min(max(knobs.initial_concurrency, minimum), ceiling)
+    limit = LimitConfig(max_limit=ceiling, min_limit=minimum, initial_limit=initial,
+                        queue_delay_target_s=knobs.queue_delay_target_s)
+    return PoolAdmissionSettings(limit, queue_size=knobs.queue_size, queue_target_s=knobs.queue_target_s,
+                               queue_interval_s=knobs.queue_interval_s, max_queue_wait_s=knobs.max_queue_wait_s)

@@ -1,0 +1,57 @@
+"""The routing-policy file (routing.policies_file): named rules, match -> pool + policy.
+
+Loaded with the same loader as the gateway config (kvgate.config.load_policy_file); the router
+checks the policies when the gateway builds its rules (gateway/routing_config.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvgate.config.admission import PriorityName
+from kvgate.config.loader import ConfigError
+from kvgate.config.schema import PolicyConfig
+
+
+@dataclass(frozen=True, slots=True)
+class RuleMatchConfig:
+    """Which requests a rule takes: every given field must match (none given: all requests)."""
+
+    model: str | None = None  # shell wildcards allowed ("llama-*")
+    tenant: str | None = None
+    priority: PriorityName | None = None
+    header: dict[str, str] = field(default_factory=dict)  # names are case-insensitive
+    path: str | None = None  # wildcards allowed ("/v1/chat/*")
+
+
+@dataclass(frozen=True, slots=True)
+class RuleConfig:
+    """One named rule: matching requests go to pool with policy (fallback_pool when pool has no
+    healthy worker for the model)."""
+
+    name: str
+    pool: str
+    match: RuleMatchConfig = field(default_factory=RuleMatchConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    fallback_pool: str | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("name", "pool", "fallback_pool"):
+            if getattr(self, key) == "":
+                raise ConfigError(key, "must be a non-empty string")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyFileConfig:
+    """The routing-policy file: rules tried in order, the first that matches wins."""
+
+    rules: tuple[RuleConfig, ...]
+
+    def __post_init__(self) -> None:
+        if not self.rules:
+            raise ConfigError("rules", "must be a non-empty list")
+        seen: dict[str, int] = {}
+        for i, rule in enumerate(self.rules):
+            if rule.name in seen:
+                raise ConfigError(f"rules[{i}].name", f"duplicate rule name {rule.name!r} (also rules[{seen[rule.name]}])")
+            seen[rule.name] = i

@@ -1,0 +1,70 @@
+"""The client side of one overload run: the load driver with a transport that adds the run's headers
+(e.g. x-request-deadline-ms), notes when each marked request was sent, and keeps the `error.code`
+of every refusal (the driver itself keeps only the status)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from typing import Callable, Mapping, Sequence
+
+import httpx
+
+from loadtest.driver import DriverConfig, DriverRun, run_load
+from loadtest.recording_proxy import find_marker
+from loadtest.types import RequestSpec
+
+NUM_POOLS, POOL_KEEPALIVE = 64, 8  # connection pools the load generator spreads its requests over
+
+
+class ProbeTransport(httpx.AsyncBaseTransport):
+    """Wraps transports, taking them in turn: sets `headers` on every request; records sent_s[marker]
+    (clock at send, before a connection is taken) and codes[marker] (a non-200 answer's error.code).
+
+    Several inner transports, because one httpcore pool costs O(connections^2) per request once
+    thousands of streams are open (its idle-connection check counts every connection for each
+    one), which made the load generator, not the gateway, the bottleneck at 10x C."""
+
+    def __init__(self, inners: Sequence[httpx.AsyncBaseTransport], headers: Mapping[str, str] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not inners:
+            raise ValueError("give at least one inner transport")
+        self.inners, self.headers, self.clock = list(inners), dict(headers or {}), clock
+        self._turn = itertools.cycle(self.inners)
+        self.sent_s: dict[str, float] = {}
+        self.codes: dict[str, str | None] = {}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        request.headers.update(self.headers)
+        marker = find_marker(request.content)
+        if marker is not None:
+            self.sent_s[marker] = self.clock()
+        response = await next(self._turn).handle_async_request(request)
+        if marker is not None and response.status_code != 200:
+            self.codes[marker] = error_code(await response.aread())
+        return response
+
+    async def aclose(self) -> None:
+        for inner in self.inners:
+            await inner.aclose()
+
+
+def error_code(body: bytes) -> str | None:
+    """`error.code` of an OpenAI-style error body (as text), None when it has none."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return None
+    code = error.get("code") if isinstance(error, dict) else None
+    return None if code is None else str(code)
+
+
+def drive(specs: Sequence[RequestSpec], config: DriverConfig, headers: Mapping[str, str] | None = None
+          ) -> tuple[DriverRun, ProbeTransport]:
+    """Run the load (open loop at the specs' own offsets, or closed loop) through a ProbeTransport."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=POOL_KEEPALIVE)
+    probe = ProbeTransport([httpx.AsyncHTTPTransport(limits=limits) for _ in range(NUM_POOLS)], headers)
+    run = asyncio.run(run_load(specs, config, transport=probe))
+    return run, probe

@@ -1,0 +1,288 @@
+"""The overload benchmark's judgement and its docs/benchmarks.md section, from the result JSON alone:
+each figure with admission and with admission off (same run), its target, and PASS/FAIL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from loadtest.slo import stats
+
+ON, OFF = "admission", "no-admission"
+TARGETS = {"goodput_x_c": 0.9, "refusal_p99_ms": 5.0, "critical_loss": 0.01, "fair_ratio": 0.9,
+           "late_arrivals": 0, "rss_growth_mib": 20.0}
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One judged (or reported) figure: its values with and without admission, target, verdict."""
+
+    figure: str
+    admission: str
+    no_admission: str
+    target: str = ""
+    passed: bool | None = None
+
+    @property
+    def verdict(self) -> str:
+        return "" if self.passed is None else ("PASS" if self.passed else "FAIL")
+
+
+def find_run(result: Mapping[str, Any], scenario: str, variant: str) -> Mapping[str, Any] | None:
+    return next((r for r in result["runs"] if r["scenario"] == scenario and r["variant"] == variant), None)
+
+
+def judge(result: Mapping[str, Any]) -> list[Row]:
+    """Every figure the issue asks for, in order; a scenario that did not run is left out."""
+    rows: list[Row] = []
+    c_rps = result["c_rps"]
+    for level in result["settings"]["levels"]:
+        rows += _level_rows(result, f"load-{level:g}x", level, c_rps)
+    rows += _on_arrival_rows(result)
+    rows += _critical_rows(result)
+    rows += _fair_rows(result)
+    rows += _deadline_rows(result)
+    rows += _rss_rows(result)
+    return rows
+
+
+def _tenant(result: Mapping[str, Any], scenario: str, variant: str, tenant: str) -> Mapping[str, Any] | None:
+    run = find_run(result, scenario, variant)
+    return None if run is None else run["tenants"].get(tenant)
+
+
+def _level_rows(result: Mapping[str, Any], scenario: str, level: float, c_rps: float) -> list[Row]:
+    on, off = (_tenant(result, scenario, v, "std-a") for v in (ON, OFF))
+    if on is None:
+        return []
+    ratio = on["goodput_rps"] / c_rps
+    p99 = on["refusal_ms"]["p99"]
+    return [
+        Row(f"goodput / C at {level:g}x C (one standard tenant)", f"{ratio:.2f}",
+            _fmt(off and off["goodput_rps"] / c_rps, "{:.2f}"), f">= {TARGETS['goodput_x_c']}",
+            ratio >= TARGETS["goodput_x_c"]),
+        Row(f"{level:g}x C: refusal latency p50 / p99 (ms)", _pair(on["refusal_ms"]), _pair(off and off["refusal_ms"]),
+            f"p99 <= {TARGETS['refusal_p99_ms']:g} ms (quiet machine)",
+            None if p99 is None else p99 <= TARGETS["refusal_p99_ms"]),
+        Row(f"{level:g}x C: admitted TTFT p50 / p99 (ms)", _pair(on["ttft_ms"]), _pair(off and off["ttft_ms"])),
+        Row(f"{level:g}x C: outcomes (status: count; refusals by code)", _outcomes(on), _outcomes(off)),
+    ]
+
+
+ON_ARRIVAL_CODES = ("deadline_unmeetable", "queue_full", "requests_per_s", "tokens_per_min", "max_concurrency")
+
+
+def _on_arrival_rows(result: Mapping[str, Any]) -> list[Row]:
+    """Refusals decided as a request arrives (no wait in the queue), over every run: the decision's own speed."""
+    on, off = (_latencies(result, v, ON_ARRIVAL_CODES) for v in (ON, OFF))
+    if not on:
+        return []
+    return [Row(f"refusals decided on arrival ({', '.join(c for c in ON_ARRIVAL_CODES if c in _codes(result))}; "
+                "every run): count, p50 / p99 (ms)", _count_pair(on), _count_pair(off), "(for comparison)")]
+
+
+def _latencies(result: Mapping[str, Any], variant: str, codes: Sequence[str]) -> list[float]:
+    return [e2e_ms for code, e2e_ms in _refusals(result, variant) if code in codes]
+
+
+def _refusals(result: Mapping[str, Any], variant: str) -> list[tuple[str, float]]:
+    """(error.code, latency ms) of every refusal in the open-loop runs of one gateway, from the raw records."""
+    return [(r["code"] or "none", r["e2e_ms"]) for key, records in result.get("records", {}).items()
+            if key.endswith(f"/{variant}") and not key.startswith("capacity")
+            for r in records if r["status"] in (429, 503) and r["e2e_ms"] is not None]
+
+
+def _codes(result: Mapping[str, Any]) -> set[str]:
+    return {r["code"] for records in result.get("records", {}).values() for r in records if r.get("code")}
+
+
+def _count_pair(values: Sequence[float]) -> str:
+    if not values:
+        return "-"
+    figures = stats(values)
+    return f"{len(values)}, {figures['p50']:.1f} / {figures['p99']:.1f}"
+
+
+def _critical_rows(result: Mapping[str, Any]) -> list[Row]:
+    on, off = (_tenant(result, "critical-beside-flood", v, "crit") for v in (ON, OFF))
+    if on is None:
+        return []
+    return [Row("critical tenant at 0.4x C beside a standard flood at 5x C: lost (not answered within SLO)",
+                _loss(on), _loss(off), f"< {TARGETS['critical_loss']:.0%}", on["loss"] < TARGETS["critical_loss"]),
+            Row("critical tenant's TTFT p50 / p99 (ms) beside the flood", _pair(on["ttft_ms"]),
+                _pair(off and off["ttft_ms"])),
+            Row("mean wait in the gateway's admission queue, critical / standard (ms; from its /metrics)",
+                _waits(find_run(result, "critical-beside-flood", ON)), "-")]
+
+
+def fair_ratio(result: Mapping[str, Any], variant: str) -> float | None:
+    """Tenant std-a's goodput beside the flood / its goodput alone (same gateway, same run)."""
+    alone = _tenant(result, "fair-alone", variant, "std-a")
+    flood = _tenant(result, "fair-beside-flood", variant, "std-a")
+    if alone is None or flood is None or not alone["goodput_rps"]:
+        return None
+    return flood["goodput_rps"] / alone["goodput_rps"]
+
+
+def _fair_rows(result: Mapping[str, Any]) -> list[Row]:
+    on, off = fair_ratio(result, ON), fair_ratio(result, OFF)
+    if on is None:
+        return []
+    flood_on, flood_off = (_tenant(result, "fair-beside-flood", v, "std-a") for v in (ON, OFF))
+    return [Row("standard tenant at 0.4x C (fair share 0.5x C) beside another standard tenant's 5x C flood: "
+                "its goodput / its goodput alone", f"{on:.2f}", _fmt(off, "{:.2f}"),
+                f">= {TARGETS['fair_ratio']}", on >= TARGETS["fair_ratio"]),
+            Row("that tenant's TTFT p50 / p99 (ms) beside the flood", _pair(flood_on and flood_on["ttft_ms"]),
+                _pair(flood_off and flood_off["ttft_ms"]))]
+
+
+def _deadline_rows(result: Mapping[str, Any]) -> list[Row]:
+    runs = {v: find_run(result, "deadline-flood", v) for v in (ON, OFF)}
+    on, off = (None if runs[v] is None else runs[v]["deadline"] for v in (ON, OFF))
+    if on is None:
+        return []
+    deadline_ms = runs[ON]["deadline_ms"]
+    return [Row(f"5x C, every request with x-request-deadline-ms: {deadline_ms:g}: arrivals at a worker after "
+                "the deadline (counted from the client's send)", _late(on), _late(off), "0",
+                on["late_arrivals"] == TARGETS["late_arrivals"]),
+            Row("answered requests whose first token came after the deadline", _after(on), _after(off))]
+
+
+def _rss_rows(result: Mapping[str, Any]) -> list[Row]:
+    rss = result.get("rss") or {}
+    if ON not in rss:
+        return []
+    growth_mib = rss[ON]["growth_kib"] / 1024
+    return [Row("gateway RSS over the overload runs: growth, start -> end (peak)", _rss(rss[ON]),
+                _rss(rss.get(OFF)), f"< {TARGETS['rss_growth_mib']:g} MiB growth",
+                growth_mib < TARGETS["rss_growth_mib"])]
+
+
+def _waits(run: Mapping[str, Any] | None) -> str:
+    waits = (run or {}).get("queue_wait") or {}
+    return " / ".join(_fmt((waits.get(p) or {}).get("mean_ms"), "{:.1f}") for p in ("critical", "standard"))
+
+
+def _limit(run: Mapping[str, Any]) -> str:
+    limit = (run.get("gauges") or {}).get("limit")
+    if limit is None or limit["max"] >= 100000:
+        return "-"
+    return f"{limit['min']:.0f} / {limit['mean']:.1f} / {limit['max']:.0f}"
+
+
+def _fmt(value: Any, pattern: str) -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def _pair(stats: Mapping[str, Any] | None) -> str:
+    if not stats or stats.get("p50") is None:
+        return "-"
+    return f"{stats['p50']:.1f} / {stats['p99']:.1f}"
+
+
+def _outcomes(figures: Mapping[str, Any] | None) -> str:
+    if figures is None:
+        return "-"
+    text = ", ".join(f"{k}: {v}" for k, v in figures["by_status"].items())
+    codes = ", ".join(f"{k} {v}" for k, v in figures["by_code"].items())
+    return f"{text} ({codes})" if codes else text
+
+
+def _loss(figures: Mapping[str, Any] | None) -> str:
+    if figures is None or figures["loss"] is None:
+        return "-"
+    return f"{figures['loss']:.1%} ({figures['offered'] - figures['good']} of {figures['offered']})"
+
+
+def _late(deadline: Mapping[str, Any] | None) -> str:
+    if deadline is None:
+        return "-"
+    text = f"{deadline['late_arrivals']} of {deadline['arrivals']} arrivals ({deadline['sent']} sent)"
+    return text + (f", latest {deadline['max_late_ms']:.1f} ms late" if deadline["max_late_ms"] is not None else "")
+
+
+def _after(deadline: Mapping[str, Any] | None) -> str:
+    if deadline is None:
+        return "-"
+    return f"{deadline['first_token_after_deadline']} of {deadline['answered']}"
+
+
+def _rss(rss: Mapping[str, Any] | None) -> str:
+    if rss is None:
+        return "-"
+    mib = 1024
+    return (f"{rss['growth_kib'] / mib:+.1f} MiB ({rss['first_kib'] / mib:.1f} -> {rss['last_kib'] / mib:.1f}, "
+            f"peak {rss['peak_kib'] / mib:.1f})")
+
+
+def refusals_by_code(result: Mapping[str, Any], variant: str) -> dict[str, tuple[int, Any, Any, Any]]:
+    """code -> (count, p50, p99, max) of refusal latency over every open-loop run of one gateway."""
+    latencies: dict[str, list[float]] = {}
+    for code, e2e_ms in _refusals(result, variant):
+        latencies.setdefault(code, []).append(e2e_ms)
+    out = {}
+    for code, values in sorted(latencies.items()):
+        figures = stats(values)
+        out[code] = (len(values), figures["p50"], figures["p99"], figures["max"])
+    return out
+
+
+def _stretched(result: Mapping[str, Any]) -> str:
+    longer = sorted({(r["scenario"], r["duration_s"]) for r in result["runs"]
+                     if r.get("duration_s", result["settings"]["duration_s"]) != result["settings"]["duration_s"]})
+    if not longer:
+        return "every scenario the same length"
+    return ", ".join(f"{name}: {duration_s:g} s" for name, duration_s in longer) + ", to tell a loss under 1% apart"
+
+
+def section_markdown(result: Mapping[str, Any], rows: Sequence[Row]) -> str:
+    """The `admission-overload` section of docs/benchmarks.md."""
+    s = result["settings"]
+    cap = result["capacity"]
+    load = result["load_average"]
+    lines = [
+        "### Admission under overload (`sim` executor)", "",
+        f"Command: `{result['command']}`", "",
+        f"Machine: {result['machine']}; run {result['date']}. Load average (1 min) {load['start'][0]:.2f} at the "
+        f"start, {load['end'][0]:.2f} at the end (the machine is shared; the refusal-latency target is for a quiet one).",
+        "",
+        f"Fleet: {s['num_workers']} `sim` workers (timing: {s['sim_timing_name']}) behind a recording proxy, and two "
+        f"kvgate gateways on them: `admission` (the pools' default admission settings) and `no-admission` "
+        f"(`admission: {s['admission_off']}`: a fixed limit nothing reaches, as before admission control). "
+        + ("Gateways pinned to one CPU; workers, proxy and load generator to the other(s). " if s["pin"] else "")
+        + f"Requests: chat, {s['prompt_words']}-word prompts (unique, no cache hits), {s['max_tokens']} output "
+        f"tokens, streamed with usage. SLO: TTFT <= {s['slo_ttft_ms']:g} ms; goodput = requests answered within it.",
+        "",
+        f"Capacity C = {result['c_rps']:.2f} req/s: answered req/s through the `admission` gateway, closed loop "
+        f"at {s['capacity_concurrency']} in flight for {s['capacity_duration_s']:g} s (TTFT p50 / p99 "
+        f"{_pair(cap[ON]['ttft_ms'])} ms, {cap[ON]['refused']} refusals re-sent at once). Through `no-admission`: "
+        + (f"{cap[OFF]['rps']:.2f} req/s ({cap[OFF]['rps'] / result['c_rps']:.2f} C). " if OFF in cap else "not run. ")
+        + f"Each scenario is an open-loop Poisson run of {s['duration_s']:g} s per gateway (their order alternates; "
+        f"{_stretched(result)}); "
+        f"figures count the requests sent after the first {s['warmup_s']:g} s; rates are ratios to C or to the same "
+        "tenant's own run alone.", "",
+        "| figure | admission | no admission | target | result |", "|---|---|---|---|---|",
+    ]
+    lines += [f"| {r.figure} | {r.admission} | {r.no_admission} | {r.target} | {r.verdict} |" for r in rows]
+    lines += ["", "Every run, per tenant (goodput as a ratio to C; latencies count from when the load generator sent "
+              "the request; late = its p99 lateness against its schedule, a sign of how busy it was, which also "
+              "delays when it notices answers; limit = the pool's concurrency limit, min / mean / max of the "
+              "gateway's /metrics sampled every 0.5 s):", "",
+              "| scenario | gateway | tenant | offered (x C) | goodput / C | TTFT p50 / p99 ms | refused | "
+              "refusal p50 / p99 ms | late p99 ms | gateway CPU | limit |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for run in result["runs"]:
+        for tenant, f in run["tenants"].items():
+            lines.append(f"| {run['scenario']} | {run['variant']} | {tenant} | {f['offered_rps'] / result['c_rps']:.2f} "
+                         f"| {f['goodput_rps'] / result['c_rps']:.2f} | {_pair(f['ttft_ms'])} | {f['refused']} | "
+                         f"{_pair(f['refusal_ms'])} | {_fmt(f['send_late_ms']['p99'], '{:.1f}')} | "
+                         f"{run['gateway_cpu_share']:.0%} | {_limit(run)} |")
+    lines += ["", "Refusal latency by `error.code` (the `admission` gateway, every run and tenant together; "
+              "queue_timeout includes the wait in the queue):", "", "| code | refusals | p50 ms | p99 ms | max ms |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {code} | {n} | {_fmt(p50, '{:.1f}')} | {_fmt(p99, '{:.1f}')} | {_fmt(top, '{:.1f}')} |"
+              for code, (n, p50, p99, top) in refusals_by_code(result, ON).items()]
+    lines += ["", f"Deadlines are checked from outside: each prompt carries a marker, the load generator notes when "
+              "it sent each request and a proxy in front of the workers notes when it arrived (one monotonic clock), so "
+              "an arrival after send + deadline is late (strict: the gateway's own clock starts a little later).",
+              f"Raw figures: `{result['out_path']}`."]
+    return "\n".join(lines)
