@@ -106,20 +106,19 @@ class Permit:
         self.admission.release(self, queue_delay_s, dropped, usage, first_token_s)
 
 
+@dataclass(kw_only=True, eq=False)
 class Admission:
-    """Every pool's admission and every tenant's limits. run_expiry() is a background task."""
+    """Every pool's admission and every tenant's limits. run_expiry() is a background task.
+    completion_reserve: per pool, the completion tokens reserved when a request gives no max_tokens."""
 
-    def __init__(self, *, tenants: Mapping[str, TenantPolicy], pools: Mapping[str, PoolAdmission],
-                 limits: TenantLimits, budgets: Mapping[str, RetryBudget], metrics: GatewayMetrics,
-                 completion_reserve: Mapping[str, int], clock: Callable[[], float] = time.monotonic) -> None:
-        self.tenants = dict(tenants)
-        self.pools = pools
-        self.limits = limits
-        self.budgets = budgets
-        self.metrics = metrics
-        self.clock = clock
-        self._completion_reserve = completion_reserve
-        self._queued = asyncio.Event()
+    tenants: dict[str, TenantPolicy]
+    pools: Mapping[str, PoolAdmission]
+    limits: TenantLimits
+    budgets: Mapping[str, RetryBudget]
+    metrics: GatewayMetrics
+    completion_reserve: Mapping[str, int]
+    clock: Callable[[], float] = time.monotonic
+    _queued: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
     def tenant(self, name: str) -> TenantPolicy:
         """The tenant's policy; a tenant the config does not list (e.g. a key stored in Redis) gets the defaults."""
@@ -134,7 +133,7 @@ class Admission:
     async def admit(self, request: AdmissionRequest) -> Permit:
         """A permit, after waiting in the pool's queue if need be; ApiError (429/503) when refused."""
         tenant = self.tenant(request.tenant)
-        completion = request.max_tokens or self._completion_reserve[request.pool]
+        completion = request.max_tokens or self.completion_reserve[request.pool]
         verdict = await self.limits.acquire(tenant, request.prompt_tokens_estimate + completion)
         if isinstance(verdict, OverLimit):
             raise self._refused(request, verdict.reason, verdict.retry_after_s, status=429)

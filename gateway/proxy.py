@@ -186,7 +186,8 @@ class ProxyEndpoint:
         try:
             result = await _unless_disconnected(receive, session.collect(held))
         except ApiError as error:  # the worker failed mid-answer and no other could continue it
-            self._finish(session, tenant, str(error.status))
+            session.error_status = error.status
+            self._finish(session, tenant)
             await error.response()(scope, receive, send)
             return
         finally:
@@ -207,16 +208,15 @@ class ProxyEndpoint:
         finally:
             self._finish(session, tenant)
 
-    def _finish(self, session: Session, tenant: str, status: str | None = None) -> None:
-        """The request's one terminal record: status (default: 200 if answered, the error a stream
-        ended with, else 499 for a client that left), latency, tokens, cost; its permit ends."""
+    def _finish(self, session: Session, tenant: str) -> None:
+        """The request's one terminal record: status (200 if answered, the error it ended with, else
+        499 for a client that left), latency, tokens, cost; its permit ends."""
         if session.recorded:
             return
         session.recorded = True
         req, m = session.req, self.metrics
         answered = session.done or session.finish_reason is not None
-        if status is None:
-            status = "200" if answered else str(session.error_status or 499)
+        status = "200" if answered else str(session.error_status or 499)
         m.child(m.requests, tenant, req.model, status).inc()
         m.child(m.e2e, req.model).observe(time.monotonic() - req.started_s)
         usage = session.final_usage() or {}

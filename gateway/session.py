@@ -90,7 +90,7 @@ class Session:
     delivered_tokens_at_failover: int = 0
     token_ids: list[int] = field(default_factory=list)
     end_reason: str | None = None  # why the answer stopped short, when it did
-    error_status: int | None = None  # the status of the error a stream ended with
+    error_status: int | None = None  # the status of the error the answer ended with
     ended: bool = False
     recorded: bool = False  # the endpoint has recorded its outcome (metrics, permit)
 

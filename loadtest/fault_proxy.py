@@ -56,15 +56,7 @@ def build_app(upstream: str, state: FaultState | None = None,
         if state.error_fraction and state.rng.random() < state.error_fraction:
             return JSONResponse({"error": {"message": "injected fault", "type": "service_unavailable", "code": 503}},
                                 status_code=503)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        upstream_req = client.build_request(request.method, request.url.path, params=request.url.query,
-                                            headers=headers, content=await request.body())
-        try:
-            resp = await client.send(upstream_req, stream=True)
-        except httpx.HTTPError as exc:
-            return JSONResponse({"error": {"message": f"upstream: {type(exc).__name__}", "code": 502}}, status_code=502)
-        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP}
-        return StreamingResponse(relay(resp), status_code=resp.status_code, headers=out_headers)
+        return await pass_on(client, request, request.url.path, await request.body())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -73,6 +65,19 @@ def build_app(upstream: str, state: FaultState | None = None,
 
     return Starlette(routes=[Route("/_fault", control, methods=["POST"]),
                              Route("/{path:path}", forward, methods=["GET", "POST"])], lifespan=lifespan)
+
+
+async def pass_on(client: httpx.AsyncClient, request: Request, url: str, body: bytes) -> Response:
+    """Send request (its body already read) on to url and stream the answer back; 502 when the
+    upstream cannot be reached. Hop-by-hop headers stay on their own hop."""
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+    upstream_req = client.build_request(request.method, url, params=request.url.query, headers=headers, content=body)
+    try:
+        resp = await client.send(upstream_req, stream=True)
+    except httpx.HTTPError as exc:
+        return JSONResponse({"error": {"message": f"upstream: {type(exc).__name__}", "code": 502}}, status_code=502)
+    out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP}
+    return StreamingResponse(relay(resp), status_code=resp.status_code, headers=out_headers)
 
 
 async def relay(resp: httpx.Response):

@@ -19,7 +19,7 @@ import httpx
 import yaml
 
 from loadtest.faults import FaultActions, FaultSpec, set_proxy_fault, shutdown_redis
-from loadtest.procs import ChildProcess, free_port
+from loadtest.procs import ChildProcess, Started, free_port
 from loadtest.runner import RunPlan, execute
 from loadtest.types import RequestSpec
 
@@ -64,7 +64,7 @@ class WorkerEndpoint:
     kv_events_endpoint: str
 
 
-class Fleet:
+class Fleet(Started):
     """Sim workers (+ fault proxies, + a redis-server when a scenario stops Redis) for one run."""
 
     def __init__(self, config: FleetConfig, run_dir: Path) -> None:
@@ -73,19 +73,11 @@ class Fleet:
         self.endpoints: list[WorkerEndpoint] = []
         self.redis_port: int | None = None
 
-    def __enter__(self) -> "Fleet":
-        try:
-            self._start_workers()
-            self._start_proxies()
-            if any(f.kind == "redis" for f in self.config.faults):
-                self._start_redis()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def start(self) -> None:
+        self._start_workers()
+        self._start_proxies()
+        if any(f.kind == "redis" for f in self.config.faults):
+            self._start_redis()
 
     def _start_workers(self) -> None:
         n = self.config.num_workers

@@ -21,7 +21,7 @@ import yaml
 
 from kvgate.keys import hash_key
 from loadtest.fleet import Fleet, FleetConfig, WorkerEndpoint
-from loadtest.procs import ChildProcess, free_port
+from loadtest.procs import ChildProcess, Started, free_port
 
 # The sim timing of docs/benchmarks.md's routing sections: the default with every coefficient x4.
 SIM_TIMING_X4 = ("name=default x4 (Llama-3.1-8B on 1x H100 estimate with every coefficient x4; not calibrated),"
@@ -62,7 +62,7 @@ def gateway_config(base: Mapping[str, Any], tenants: Mapping[str, TenantSpec], a
     return config
 
 
-class OverloadFleet:
+class OverloadFleet(Started):
     """Sim workers, one recording proxy in front of all of them, and a gateway per variant."""
 
     def __init__(self, work_dir: Path, tenants: Mapping[str, TenantSpec], api_keys: Mapping[str, str],
@@ -84,18 +84,7 @@ class OverloadFleet:
         self._gateway_cpus, self._other_cpus = {first_cpu}, self._own_cpus - {first_cpu}
         self.pin = pin and bool(self._other_cpus)  # one CPU: nothing to split
 
-    def __enter__(self) -> "OverloadFleet":
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _start(self) -> None:
+    def start(self) -> None:
         if self.pin:
             os.sched_setaffinity(0, self._other_cpus)  # children inherit it; gateways are moved to their own
         self._fleet = Fleet(self.fleet_config, self.work_dir).__enter__()

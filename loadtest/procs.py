@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import os
 import signal
 import socket
@@ -86,6 +87,28 @@ def _answers(url: str) -> bool:
         return httpx.get(url, timeout=1.0).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+class Started(abc.ABC):
+    """A context manager over processes it starts: `with X(...) as x:` runs x.start(), and x.stop()
+    always follows, also when starting failed half-way (what was started is stopped)."""
+
+    @abc.abstractmethod
+    def start(self) -> None: ...
+
+    @abc.abstractmethod
+    def stop(self) -> None: ...
+
+    def __enter__(self):
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def free_port(pair: bool = False) -> int:

@@ -20,13 +20,12 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from loadtest.fault_proxy import relay
+from loadtest.fault_proxy import pass_on
 
 MARKER_RE = re.compile(rb"bench-marker ([A-Za-z0-9_.:-]+)")
-HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "te", "trailer", "upgrade"}
 
 
 def marker_text(name: str) -> str:
@@ -59,15 +58,7 @@ def build_app(upstreams: Mapping[str, str], clock: Callable[[], float] = time.mo
         marker = find_marker(body) if request.method == "POST" else None
         if marker is not None:
             arrivals.append((marker, name, clock()))
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        upstream_req = client.build_request(request.method, f"{upstreams[name].rstrip('/')}/{path}",
-                                            params=request.url.query, headers=headers, content=body)
-        try:
-            resp = await client.send(upstream_req, stream=True)
-        except httpx.HTTPError as exc:
-            return JSONResponse({"error": {"message": f"upstream: {type(exc).__name__}", "code": 502}}, status_code=502)
-        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP}
-        return StreamingResponse(relay(resp), status_code=resp.status_code, headers=out_headers)
+        return await pass_on(client, request, f"{upstreams[name].rstrip('/')}/{path}", body)
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})

@@ -221,12 +221,19 @@ def test_the_permit_interval_is_the_mean_time_a_permit_is_held_over_the_limit(cl
     assert pool.permit_interval_s() == 0.75
 
 
-def test_the_predicted_wait_counts_the_requests_in_flight_above_a_cut_limit(clock):
+def cut_pool(clock) -> PoolAdmission:
+    """Limit 4, r0-r3 in flight and r4, r5 queued; r0 comes back slow: the limit halves to 2 (each
+    sample is a window of its own) with 3 still in flight, and nobody is admitted in its place."""
     settings = PoolAdmissionSettings(LimitConfig(max_limit=16, initial_limit=4, queue_delay_target_s=0.5,
                                                  max_cut=0.5, decrease_interval_s=0))
-    pool = PoolAdmission(settings, clock)  # each sample is a window of its own
+    pool = PoolAdmission(settings, clock)
     offer_all(pool, *(request(name=f"r{i}") for i in range(6)))
-    assert pool.release(held_s=3.0, queue_delay_s=2.0) == []  # the limit halves to 2 with 3 still in flight
+    assert pool.release(held_s=3.0, queue_delay_s=2.0) == []
+    return pool
+
+
+def test_the_predicted_wait_counts_the_requests_in_flight_above_a_cut_limit(clock):
+    pool = cut_pool(clock)
     assert pool.permit_interval_s() == 1.5
     # one over the limit, r4 and r5 of its tenant, and its own turn
     assert pool.predicted_wait_s(request()) == pytest.approx((1 + 2 + 1) * 1.5)
@@ -472,11 +479,7 @@ def test_state_is_a_snapshot_of_limit_in_flight_and_queue_depths(clock):
 
 
 def test_a_slow_sample_lowers_the_limit_and_admits_nobody_in_its_place(clock):
-    settings = PoolAdmissionSettings(LimitConfig(max_limit=16, initial_limit=4, queue_delay_target_s=0.5,
-                                                 max_cut=0.5, decrease_interval_s=0))
-    pool = PoolAdmission(settings, clock)  # each sample is a window of its own
-    offer_all(pool, *(request(name=f"r{i}") for i in range(6)))
-    assert pool.release(held_s=3.0, queue_delay_s=2.0) == []  # the limit halves to 2 with 3 still in flight
+    pool = cut_pool(clock)
     assert pool.state().limit == 2 and pool.in_flight == 3
     assert pool.release(held_s=3.0, queue_delay_s=None) == []
     assert names(pool.release(held_s=3.0, queue_delay_s=None)) == ["r4"]
