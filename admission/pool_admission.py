@@ -4,11 +4,14 @@ A request is admitted at once while fewer than `limit` admitted requests are in 
 as urgent waits (critical ones while fewer than the pool's max_limit are: the adaptive limit shapes the other
 priorities' work around theirs, and the workers, which get the admitted priority, serve them first). Otherwise its wait is predicted (the requests it would follow in the fair queue, one permit
 interval each: mean time a permit is held / limit) and held against the wait it is allowed, which
-depends on whether the queue drains (CoDel's idea, as "controlled delay" queues apply it): while
-the queue has been empty within the last queue_interval_s, what it can drain in that interval (a
-burst is absorbed; at least the standing allowance); once it has not, the queue is standing (offered load above what the pool
-serves) and standard and batch requests are allowed queue_target_s (at least four permit
-intervals), so the queue stays short and the answers that are given are fast. Critical requests
+depends on whether the request's tenant's queue drains (CoDel's idea, kept per tenant as FQ-CoDel
+keeps it per flow): while the tenant has had nothing of this priority queued at some moment within
+the last queue_interval_s, what the pool can drain in that interval (a burst is absorbed; at least
+the standing allowance), and a tenant served less than its fair share as much as its credit in the
+fair queue covers; otherwise its queue is standing (it offers more than the pool serves it) and its standard and batch requests are allowed queue_target_s (at least four permit
+intervals), so the queue stays short and the answers that are given are fast. A tenant sending
+within its share beside a flood keeps the draining allowance: the flood's queue is the one that
+stands, and the flood's requests are the ones refused. Critical requests
 are allowed max_queue_wait_s. A request whose predicted wait passes what it is allowed, or whose
 predicted first token (wait + the pool's mean time to first token) passes its deadline, is
 refused at once: under overload nearly every refusal is decided on arrival, in microseconds. A
@@ -27,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from admission.concurrency_limit import AimdLimit, LimitConfig
-from admission.fair_queue import FairQueue, QueuedRequest
+from admission.fair_queue import IDLE_CREDIT_TURNS, FairQueue, QueuedRequest
 from admission.priority import Priority
 
 
@@ -86,7 +89,6 @@ class PoolAdmission:
         self.mean_service_s: float | None = None  # EWMA of admission to release
         self.mean_first_token_s: float | None = None  # EWMA of admission to first token
         self._clock = clock
-        self._last_empty_s = clock()
 
     def state(self) -> PoolState:
         return PoolState(self.limit.limit, self.in_flight, {p: self.queue.depth(p) for p in Priority})
@@ -101,7 +103,7 @@ class PoolAdmission:
         if nobody_before and self.in_flight < self._capacity(request.priority):
             self.in_flight += 1
             return ADMITTED
-        allowed_s = self._allowed_wait_s(request.priority, self._standing(now))
+        allowed_s = self._allowed_wait_s(request, now)
         wait_s = self.predicted_wait_s(request)
         if wait_s is not None:
             if request.deadline_s is not None and now + wait_s + (self.mean_first_token_s or 0.0) > request.deadline_s:
@@ -109,8 +111,6 @@ class PoolAdmission:
             if wait_s > allowed_s:
                 return Verdict("rejected", "overloaded", self.retry_after_s())
         request.max_wait_s = min(self.config.max_queue_wait_s, WAIT_SLACK * allowed_s)
-        if not len(self.queue):
-            self._last_empty_s = now
         shed = self.queue.push(request)
         if shed is request:
             return Verdict("rejected", "queue_full", self.retry_after_s())
@@ -134,15 +134,23 @@ class PoolAdmission:
     # -- departures ----------------------------------------------------------------------------
 
     def release(self, held_s: float, queue_delay_s: float | None, dropped: bool = False,
-                first_token_s: float | None = None) -> list[QueuedRequest]:
-        """An admitted request ended after held_s (its first token first_token_s after admission);
-        returns the queued requests admitted in its place."""
+                first_token_s: float | None = None, priority: Priority = Priority.STANDARD) -> list[QueuedRequest]:
+        """An admitted request of this priority ended after held_s (its first token first_token_s after
+        admission); returns the queued requests admitted in its place. The limit learns from the
+        queueing delay of standard and batch requests only: it holds them, and critical ones, which the
+        workers serve first, wait less than the work the limit shapes (a drop counts whoever saw it)."""
         now = self._clock()
         self.in_flight -= 1
         self.mean_service_s = self._ewma(self.mean_service_s, held_s)
         if first_token_s is not None:
             self.mean_first_token_s = self._ewma(self.mean_first_token_s, first_token_s)
+        limit_before = int(self.limit.limit)
+        if priority == Priority.CRITICAL:
+            queue_delay_s = None
         self.limit.on_sample(now, queue_delay_s, self.in_flight + 1, dropped, admitted_s=now - held_s)
+        cut = limit_before - int(self.limit.limit)
+        if cut > 0:
+            self._extend_waits(cut * (self.permit_interval_s() or 0.0))
         return self._admit_waiting(now)
 
     def forget(self) -> list[QueuedRequest]:
@@ -152,8 +160,7 @@ class PoolAdmission:
 
     def cancel(self, request: QueuedRequest) -> None:
         """A queued request's client went away."""
-        if self.queue.remove(request):
-            self._note_if_empty(self._clock())
+        self.queue.remove(request)
 
     def expire(self) -> list[tuple[QueuedRequest, str]]:
         """Queued requests past their deadline ("deadline_exceeded"), or past the wait allowed them
@@ -168,28 +175,39 @@ class PoolAdmission:
                 expired.append((request, "queue_timeout"))
         for request, _ in expired:
             self.queue.remove(request)
-        if expired:
-            self._note_if_empty(now)
         return expired
 
-    def _standing(self, now: float) -> bool:
-        return bool(len(self.queue)) and now - self._last_empty_s > self.config.queue_interval_s
-
-    def _allowed_wait_s(self, priority: Priority, standing: bool) -> float:
-        """Critical: max_queue_wait_s. Others: while the queue drains, what it can drain within an
-        interval (a burst is absorbed); once it stands, queue_target_s, or STANDING_INTERVALS permit
-        intervals when permits come back more slowly than that (a tenant within its fair share must
-        be able to queue a short burst of its own: its second request follows its first and a turn
-        of each other backlogged tenant),
-        plus the intervals the requests in flight above a cut limit take to drain (the request that
-        goes next, e.g. a light tenant's beside a flood, waits that out rather than being refused)."""
+    def _allowed_wait_s(self, request: QueuedRequest, now: float) -> float:
+        """Critical: max_queue_wait_s. Others, plus the intervals the requests in flight above a cut
+        limit take to drain (the request that goes next waits that out rather than being refused):
+        - a tenant served less than its fair share: what the pool drains in queue_interval_s, or its
+          credit's worth of permit intervals if longer (IDLE_CREDIT_TURNS x its weight: it goes first,
+          so it waits only for its own burst and for permits that come back in clumps; the credit
+          bounds the burst);
+        - a tenant whose queue drains (it had nothing queued at some moment within the last
+          queue_interval_s): what the pool drains in that interval (a burst is absorbed);
+        - a tenant whose queue stands: queue_target_s, or STANDING_INTERVALS permit intervals when
+          permits come back more slowly than that (its next request follows its last and a turn of
+          each other backlogged tenant)."""
         config = self.config
-        if priority == Priority.CRITICAL:
+        if request.priority == Priority.CRITICAL:
             return config.max_queue_wait_s
         interval_s = self.permit_interval_s() or 0.0
-        over_limit = max(0, self.in_flight - self._capacity(priority))
-        standing_s = max(config.queue_target_s, STANDING_INTERVALS * interval_s) + over_limit * interval_s
-        return min(config.max_queue_wait_s, standing_s if standing else max(config.queue_interval_s, standing_s))
+        over_limit = max(0, self.in_flight - self._capacity(request.priority))
+        standing_s = max(config.queue_target_s, STANDING_INTERVALS * interval_s)
+        if self.queue.under_share(request.tenant, request.priority):
+            base_s = max(config.queue_interval_s, standing_s, IDLE_CREDIT_TURNS * request.weight * interval_s)
+        elif self._queue_stands(request, now):
+            base_s = standing_s
+        else:
+            base_s = max(config.queue_interval_s, standing_s)
+        return min(config.max_queue_wait_s, base_s + over_limit * interval_s)
+
+    def _queue_stands(self, request: QueuedRequest, now: float) -> bool:
+        """Whether request's tenant has had requests of its priority queued, without a break, for
+        longer than queue_interval_s."""
+        since_s = self.queue.backlogged_since_s(request.tenant, request.priority)
+        return since_s is not None and now - since_s > self.config.queue_interval_s
 
     def _capacity(self, priority: Priority) -> int:
         """Requests in flight a new one of this priority may join: the adaptive limit; critical ones,
@@ -197,6 +215,14 @@ class PoolAdmission:
         if priority == Priority.CRITICAL:
             return self.config.limit.max_limit
         return int(self.limit.limit)
+
+    def _extend_waits(self, delay_s: float) -> None:
+        """A cut took permits back: every standard and batch request queued waits that many permit
+        intervals longer than it was predicted to, through no error of the prediction, so its
+        allowed wait moves by as much (within max_queue_wait_s) rather than ending in a queue_timeout."""
+        for request in self.queue:
+            if request.priority != Priority.CRITICAL and request.max_wait_s is not None:
+                request.max_wait_s = min(self.config.max_queue_wait_s, request.max_wait_s + delay_s)
 
     def _admit_waiting(self, now: float) -> list[QueuedRequest]:
         admitted = []
@@ -206,12 +232,7 @@ class PoolAdmission:
                 break
             self.in_flight += 1
             admitted.append(request)
-        self._note_if_empty(now)
         return admitted
-
-    def _note_if_empty(self, now: float) -> None:
-        if not len(self.queue):
-            self._last_empty_s = now
 
     def _ewma(self, mean: float | None, sample: float) -> float:
         alpha = self.config.service_ewma_alpha

@@ -44,6 +44,10 @@ _MESSAGES = {
 }
 
 
+class Refused(ApiError):
+    """An admission refusal (429 or 503): its code is the reason; no worker saw the request."""
+
+
 @dataclass(frozen=True, slots=True)
 class AdmissionRequest:
     """What admission needs to know about a completion request (before it is tokenized)."""
@@ -181,7 +185,7 @@ class Admission:
         if queue_delay_s is None and not dropped:  # never reached a worker's first token: no sample
             self._admit(pool, pool.forget())
         else:
-            self._admit(pool, pool.release(held_s, queue_delay_s, dropped, first_token_s))
+            self._admit(pool, pool.release(held_s, queue_delay_s, dropped, first_token_s, permit.priority))
         used = None if usage is None else (usage.get("prompt_tokens") or 0) + (usage.get("completion_tokens") or 0)
         self.limits.settle(permit.grant, used)
 
@@ -210,11 +214,11 @@ class Admission:
         if not waiter.future.done():
             waiter.future.set_exception(self._refused(waiter.request, reason, pool.retry_after_s()))
 
-    def _refused(self, request: AdmissionRequest, reason: str, retry_after_s: float, status: int = 503) -> ApiError:
+    def _refused(self, request: AdmissionRequest, reason: str, retry_after_s: float, status: int = 503) -> Refused:
         self.metrics.child(self.metrics.rejected, request.pool, request.tenant, request.priority.label, reason).inc()
         message = _MESSAGES[reason].format(tenant=request.tenant, pool=request.pool)
         type_ = "rate_limit_exceeded" if status == 429 else "service_unavailable"
-        return ApiError(status, message, type_, code=reason, retry_after_s=max(1, math.ceil(retry_after_s)))
+        return Refused(status, message, type_, code=reason, retry_after_s=max(1, math.ceil(retry_after_s)))
 
 
 DEFAULT_WORKER_CONCURRENCY = 64  # a worker without a launch section: vLLM's default max_num_seqs is higher

@@ -16,6 +16,7 @@ disable_created_metrics()  # no `_created` series beside every counter: scrape n
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.2, 0.5, 1.0, 2.5)
 _QUEUE_WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_REFUSAL_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _DECISION_BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 
 
@@ -59,6 +60,10 @@ class GatewayMetrics:
                                 ["pool", "tenant", "priority"], registry=r)
         self.rejected = Counter("kvgate_rejected", "Requests refused by admission (429 tenant limits, 503 pool "
                                 "overload), by reason.", ["pool", "tenant", "priority", "reason"], registry=r)
+        self.refusal_seconds = Histogram(
+            "kvgate_refusal_seconds", "Time from a completion request's arrival at its endpoint to its admission "
+            "refusal, by reason (refused on arrival, or after a wait in the queue).",
+            ["reason"], buckets=_REFUSAL_BUCKETS_S, registry=r)
         self.queue_wait = Histogram("kvgate_queue_wait_seconds", "Time a queued request waited for admission.",
                                     ["pool", "priority"], buckets=_QUEUE_WAIT_BUCKETS_S, registry=r)
         self.cost = Counter("kvgate_cost", "What requests cost in USD (the pool's prices x usage), answered or not.",

@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope, Send
 
 from admission.cost import request_cost_usd
 from admission.priority import Priority
-from gateway.admission import Admission, AdmissionRequest
+from gateway.admission import Admission, AdmissionRequest, Refused
 from gateway.errors import UpstreamError
 from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
@@ -70,6 +70,7 @@ class ProxyEndpoint:
         self.tokenizers = {model: t for model, t in self.tokenizers.items() if t.mode == "exact"}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        arrived = time.perf_counter()
         tenant = scope.get("state", {}).get("tenant", "anonymous")
         model_label = "unknown"
         metrics = self.metrics
@@ -80,7 +81,7 @@ class ProxyEndpoint:
             started = await _unless_disconnected(receive, self._start(scope, body, tenant))
         except ApiError as error:
             metrics.child(metrics.requests, tenant, model_label, str(error.status)).inc()
-            await error.response()(scope, receive, send)
+            await error.response(self._refusal_timing(error, arrived))(scope, receive, send)
             return
         except UpstreamError as error:  # the worker refused the request itself (4xx): pass its answer on
             metrics.child(metrics.requests, tenant, model_label, str(error.status)).inc()
@@ -98,6 +99,16 @@ class ProxyEndpoint:
             return
         session, held = started
         await self._respond(session, held, tenant, scope, receive, send)
+
+    def _refusal_timing(self, error: ApiError, arrived: float) -> dict[str, str] | None:
+        """An admission refusal is timed from the request's arrival at this endpoint: counted in
+        kvgate_refusal_seconds and told to the client as Server-Timing (the gateway's own share of the
+        latency it sees)."""
+        if not isinstance(error, Refused):
+            return None
+        refused_after_s = time.perf_counter() - arrived
+        self.metrics.child(self.metrics.refusal_seconds, error.code).observe(refused_after_s)
+        return {"server-timing": f"gateway;dur={refused_after_s * 1000:.3f}"}
 
     async def _start(self, scope: Scope, body: dict[str, Any], tenant: str) -> tuple[Session, list]:
         """Admit, route and open the upstream stream; the permit ends here unless a session holds it."""

@@ -180,9 +180,10 @@ class _Bench:
         gauges, queue_wait = sampler.stop(), queue_wait_by_priority(metrics_before, _scrape(metrics_url))
         quiesce_s = self.fleet.quiesce()
         codes = {s.index: probe.codes.get(marker_name(tag, s.index)) for s in specs}
+        server_ms = {s.index: probe.server_ms.get(marker_name(tag, s.index)) for s in specs}
         window_s = duration_s - args.warmup_s
         tenants = {o.tenant: tenant_figures(in_window(run.records, args.warmup_s, duration_s, o.tenant),
-                                            codes, self.slo, window_s) for o in scenario.offers}
+                                            codes, self.slo, window_s, server_ms) for o in scenario.offers}
         summary = {"scenario": scenario.name, "variant": variant,
                    "offers": [[o.tenant, o.load_x_c] for o in scenario.offers], "deadline_ms": scenario.deadline_ms,
                    "duration_s": duration_s, "window_s": window_s, "tenants": tenants,
@@ -193,7 +194,8 @@ class _Bench:
                                                    scenario.deadline_ms, run.records)
         print(f"{tag}: " + ", ".join(f"{t} goodput/C {f['goodput_rps'] / c_rps:.2f} refused {f['refused']}"
                                      for t, f in tenants.items()), file=sys.stderr)
-        records = [{**r.to_json(), "code": codes.get(r.index), "itl_ms": None} for r in run.records]
+        records = [{**r.to_json(), "code": codes.get(r.index), "server_ms": server_ms.get(r.index), "itl_ms": None}
+                   for r in run.records]
         return summary, records
 
 

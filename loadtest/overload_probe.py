@@ -21,7 +21,8 @@ NUM_POOLS, POOL_KEEPALIVE = 64, 8  # connection pools the load generator spreads
 
 class ProbeTransport(httpx.AsyncBaseTransport):
     """Wraps transports, taking them in turn: sets `headers` on every request; records sent_s[marker]
-    (clock at send, before a connection is taken) and codes[marker] (a non-200 answer's error.code).
+    (clock at send, before a connection is taken), codes[marker] (a non-200 answer's error.code) and
+    server_ms[marker] (a non-200 answer's Server-Timing `gateway` duration: the gateway's own time).
 
     Several inner transports, because one httpcore pool costs O(connections^2) per request once
     thousands of streams are open (its idle-connection check counts every connection for each
@@ -35,6 +36,7 @@ class ProbeTransport(httpx.AsyncBaseTransport):
         self._turn = itertools.cycle(self.inners)
         self.sent_s: dict[str, float] = {}
         self.codes: dict[str, str | None] = {}
+        self.server_ms: dict[str, float | None] = {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         request.headers.update(self.headers)
@@ -44,6 +46,7 @@ class ProbeTransport(httpx.AsyncBaseTransport):
         response = await next(self._turn).handle_async_request(request)
         if marker is not None and response.status_code != 200:
             self.codes[marker] = error_code(await response.aread())
+            self.server_ms[marker] = gateway_duration_ms(response.headers.get("server-timing"))
         return response
 
     async def aclose(self) -> None:
@@ -59,6 +62,21 @@ def error_code(body: bytes) -> str | None:
         return None
     code = error.get("code") if isinstance(error, dict) else None
     return None if code is None else str(code)
+
+
+def gateway_duration_ms(server_timing: str | None) -> float | None:
+    """The `dur` of the `gateway` metric in a Server-Timing header (None without one)."""
+    for metric in (server_timing or "").split(","):
+        name, *params = (part.strip() for part in metric.split(";"))
+        if name == "gateway":
+            for param in params:
+                key, _, value = param.partition("=")
+                if key.strip() == "dur":
+                    try:
+                        return float(value)
+                    except ValueError:
+                        return None
+    return None
 
 
 def drive(specs: Sequence[RequestSpec], config: DriverConfig, headers: Mapping[str, str] | None = None

@@ -118,10 +118,11 @@ def capacity_rps(records: Iterable[RequestRecord], warmup_s: float, end_s: float
 
 
 def tenant_figures(records: Sequence[RequestRecord], codes: Mapping[int, str | None], slo: Slo,
-                   window_s: float) -> dict[str, Any]:
+                   window_s: float, server_ms: Mapping[int, float | None] | None = None) -> dict[str, Any]:
     """One tenant's figures over the requests of a window (already selected) lasting window_s:
     goodput, loss, TTFT of the answered, latency of the refused, outcomes by status and error code.
-    codes: request index -> the refusal's `error.code` (absent for those not refused)."""
+    codes: request index -> the refusal's `error.code` (absent for those not refused); server_ms: request
+    index -> the gateway's own time for a refusal (its Server-Timing), where it gave one."""
     good = [r for r in records if slo.met_by(r)]
     refused = [r for r in records if r.status in REFUSAL_STATUSES]
     outcomes = Counter(str(r.status) if r.status is not None else (r.error or "none") for r in records)
@@ -134,6 +135,7 @@ def tenant_figures(records: Sequence[RequestRecord], codes: Mapping[int, str | N
         "ttft_ms": stats([r.ttft_ms for r in records if r.ok and r.ttft_ms is not None]),
         "refused": len(refused),
         "refusal_ms": stats([r.e2e_ms for r in refused if r.e2e_ms is not None]),
+        "refusal_server_ms": stats([ms for r in refused if (ms := (server_ms or {}).get(r.index)) is not None]),
         "refusal_ms_by_code": {code: stats([r.e2e_ms for r in refused if (codes.get(r.index) or "none") == code
                                             and r.e2e_ms is not None]) for code in sorted(by_code)},
         "by_status": dict(sorted(outcomes.items())), "by_code": dict(sorted(by_code.items())),

@@ -1,12 +1,12 @@
-"""The fair queue: strict priority, start-time fair turns across tenants (a newly backlogged tenant
-goes at the next turn), workflow continuations first within a tenant, how many a new request would
+"""The fair queue: strict priority, start-time fair turns across tenants (a tenant under its share
+goes first, for a bounded burst), workflow continuations first within a tenant, how many a new request would
 follow, removal, and who is shed when it is full."""
 
 from collections import Counter
 
 import pytest
 
-from admission.fair_queue import FairQueue, QueuedRequest
+from admission.fair_queue import IDLE_CREDIT_TURNS, FairQueue, QueuedRequest
 from admission.priority import Priority
 
 CRITICAL, STANDARD, BATCH = Priority.CRITICAL, Priority.STANDARD, Priority.BATCH
@@ -87,16 +87,46 @@ def test_a_light_tenant_arriving_beside_a_flood_is_served_at_the_next_pop():
     assert drain(queue, 1) == ["light0"]
     queue.push(request("light", name="light1"))
     queue.push(request("light", name="light2"))
-    assert drain(queue, 4) == ["flood10", "light1", "flood11", "light2"]  # then turns, one each
+    assert drain(queue, 3) == ["light1", "light2", "flood10"]  # under its share: its burst goes first
 
 
-def test_an_idle_tenant_banks_no_credit_for_later():
+def test_an_idle_tenant_banks_a_bounded_credit():
     queue = FairQueue(1000)
     fill(queue, "busy", 200)
-    drain(queue, 100)  # "late" was idle all this time
-    fill(queue, "late", 10)
-    served = [name.rstrip("0123456789") for name in drain(queue, 10)]
-    assert Counter(served) == {"busy": 5, "late": 5}
+    drain(queue, 100)  # "late" was idle all this time: busy's next turn is one past the virtual time
+    credit = int(IDLE_CREDIT_TURNS)
+    fill(queue, "late", credit + 10)
+    served = [name.rstrip("0123456789") for name in drain(queue, credit + 11)]
+    burst = credit + 1  # its turns from the virtual time - credit up to the virtual time
+    assert served[:burst] == ["late"] * burst
+    assert Counter(served[burst:]) == {"busy": 5, "late": 5}  # then turns, one each
+
+
+def test_a_tenant_under_its_share_beside_a_flood_goes_first_and_one_over_it_takes_turns():
+    queue = FairQueue(1000)
+    fill(queue, "flood", 500)
+    drain(queue, 20)
+    served = []
+    for step in range(99):  # "light" sends bursts of three, one every nine served (a third of the pool)
+        if step % 9 == 0:
+            for i in range(3):
+                queue.push(request("light", name=f"light{step + i}"))
+        served.extend(drain(queue, 1))
+    light = [name for name in served if name.startswith("light")]
+    assert [served.index(name) for name in light] == [int(name[5:]) for name in light]  # each burst at once
+    fill(queue, "light", 100)
+    tail = [name.rstrip("0123456789") for name in drain(queue, 60)]
+    assert Counter(tail[-40:]) == {"flood": 20, "light": 20}  # once it floods too: its share
+
+
+def test_a_heavier_tenant_banks_credit_in_proportion_to_its_weight():
+    queue = FairQueue(1000)
+    fill(queue, "busy", 200)
+    drain(queue, 100)
+    burst = 2 * int(IDLE_CREDIT_TURNS) + 1
+    fill(queue, "heavy", burst + 10, weight=2)
+    served = [name.rstrip("0123456789") for name in drain(queue, burst + 3)]
+    assert served[:burst] == ["heavy"] * burst and "busy" in served[burst:]
 
 
 def test_priorities_are_served_strictly_whatever_the_arrival_order():
@@ -235,7 +265,7 @@ def test_a_request_never_queued_is_not_removed():
     assert len(queue) == 1
 
 
-def test_a_tenant_emptied_by_removal_is_served_at_the_next_turn_when_it_comes_back():
+def test_a_tenant_emptied_by_removal_comes_back_with_its_credit():
     queue = FairQueue(100)
     gone = fill(queue, "a", 1)[0]
     fill(queue, "b", 4)
@@ -243,7 +273,7 @@ def test_a_tenant_emptied_by_removal_is_served_at_the_next_turn_when_it_comes_ba
     drain(queue, 2)
     queue.push(request("a", name="back"))
     queue.push(request("a", name="back2"))
-    assert drain(queue) == ["back", "b2", "back2", "b3"]  # its removed request earned it no turn
+    assert drain(queue) == ["back", "back2", "b2", "b3"]  # its removed request cost it no credit
 
 
 def test_a_tenant_back_after_a_removal_does_not_take_the_turn_of_one_queued_meanwhile():
@@ -393,3 +423,19 @@ def test_a_shed_request_is_gone_from_the_queue():
 def test_a_queue_holds_at_least_one(max_size):
     with pytest.raises(ValueError, match="max_size must be >= 1"):
         FairQueue(max_size)
+
+
+def test_a_tenant_is_under_its_share_while_it_goes_ahead_of_the_others_on_credit():
+    queue = FairQueue(1000)
+    assert not queue.under_share("new", STANDARD)  # nobody else waits
+    fill(queue, "busy", 100)
+    assert not queue.under_share("new", STANDARD)  # both would start with the same credit
+    drain(queue, 20)
+    assert queue.under_share("new", STANDARD)  # busy has spent its credit: new would go turns ahead
+    assert not queue.under_share("busy", STANDARD)  # nobody else waits
+    fill(queue, "light", 3)
+    assert queue.under_share("light", STANDARD) and not queue.under_share("busy", STANDARD)
+    assert drain(queue, 3) == ["light0", "light1", "light2"]
+    fill(queue, "light", 20)
+    drain(queue, 20)
+    assert not queue.under_share("light", STANDARD)  # its credit spent: the two take turns

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from admission.concurrency_limit import LimitConfig
-from admission.fair_queue import QueuedRequest
+from admission.fair_queue import IDLE_CREDIT_TURNS, QueuedRequest
 from admission.pool_admission import WAIT_SLACK, PoolAdmission, PoolAdmissionSettings, PoolState
 from admission.priority import Priority
 
@@ -246,6 +246,30 @@ def test_the_predicted_wait_counts_the_requests_in_flight_above_a_cut_limit(cloc
     assert (verdict.outcome, verdict.reason) == ("rejected", "overloaded")
 
 
+def test_the_limit_learns_from_standard_and_batch_requests_not_critical_ones(clock):
+    """Workers serve critical requests first: their short waits say nothing of the queueing the limit shapes."""
+    settings = PoolAdmissionSettings(LimitConfig(max_limit=16, initial_limit=4, queue_delay_target_s=0.5,
+                                                 decrease_interval_s=0))
+    pool = PoolAdmission(settings, clock)
+    offer_all(pool, request("gold", CRITICAL), request("gold", CRITICAL), request())
+    pool.release(held_s=1.0, queue_delay_s=2.0, priority=CRITICAL)
+    pool.release(held_s=1.0, queue_delay_s=0.0, priority=CRITICAL)
+    assert pool.limit.limit == 4
+    pool.release(held_s=1.0, queue_delay_s=2.0, priority=BATCH)
+    assert pool.limit.limit < 4
+
+
+def test_a_cut_moves_the_allowed_wait_of_those_queued_by_the_permits_it_took_back(clock):
+    settings = PoolAdmissionSettings(LimitConfig(max_limit=16, initial_limit=4, queue_delay_target_s=0.5,
+                                                 max_cut=0.5, decrease_interval_s=0), max_queue_wait_s=10.0)
+    pool = PoolAdmission(settings, clock)
+    queued = [request(name=f"r{i}") for i in range(6)]
+    offer_all(pool, *queued)
+    allowed = [r.max_wait_s for r in queued[4:]]
+    assert pool.release(held_s=3.0, queue_delay_s=2.0) == []  # limit 4 -> 2: two permits, 1.5 s each
+    assert [r.max_wait_s for r in queued[4:]] == [a + 2 * 1.5 for a in allowed]
+
+
 def test_the_predicted_wait_counts_only_work_as_urgent_or_more_and_the_turns_before_its_tenants(clock):
     pool = pool_of(clock, limit=2)
     offer_all(pool, request(), request(), request("s"))
@@ -261,11 +285,14 @@ def test_the_predicted_wait_counts_only_work_as_urgent_or_more_and_the_turns_bef
 
 
 def standing_pool(clock, held_s: float, **kwargs) -> PoolAdmission:
-    """A pool of limit 1 whose permits are held held_s, with a batch request that has waited past
-    queue_interval_s (the queue stands)."""
-    pool = pool_of(clock, limit=1, **kwargs)
-    offer_all(pool, request(name="running"), request("bulk", BATCH, name="bulk0"), request("bulk", BATCH, name="bulk1"))
-    assert names(pool.release(held_s=held_s, queue_delay_s=None)) == ["bulk0"]
+    """A pool of limit 1 whose permits are held held_s, with a request of tenant "bulk" (batch) that
+    has waited past queue_interval_s, after bulk spent its credit (bulk's queue stands)."""
+    pool = pool_of(clock, limit=1, **{"queue_size": 64, **kwargs})
+    served = int(IDLE_CREDIT_TURNS) + 1
+    offer_all(pool, request(name="running"), *(request("bulk", BATCH, name=f"bulk{i}") for i in range(served + 1)))
+    for _ in range(served):
+        pool.release(held_s=held_s, queue_delay_s=None)
+    assert pool.state().queued[BATCH] == 1 and not pool.queue.under_share("bulk", BATCH)
     clock.advance(QUEUE_INTERVAL_S + EPSILON_S)
     return pool
 
@@ -299,9 +326,9 @@ def test_a_queued_request_times_out_after_wait_slack_times_the_wait_it_was_allow
     assert pool.expire() == [(gold, "queue_timeout")]
 
 
-def test_in_a_standing_queue_a_newcomer_waits_at_most_wait_slack_times_queue_target_s(clock):
+def test_in_a_standing_queue_a_request_waits_at_most_wait_slack_times_queue_target_s(clock):
     pool = standing_pool(clock, held_s=1 / 32)
-    newcomer = request("plain")
+    newcomer = request("bulk", BATCH)
     assert pool.offer(newcomer).outcome == "queued"
     assert newcomer.max_wait_s == WAIT_SLACK * QUEUE_TARGET_S
     clock.advance(WAIT_SLACK * QUEUE_TARGET_S - EPSILON_S)
@@ -323,15 +350,42 @@ def test_while_the_queue_drains_standard_and_batch_are_allowed_queue_interval_s(
     assert gold.max_wait_s == MAX_QUEUE_WAIT_S
 
 
-@pytest.mark.parametrize(("held_s", "allowed_s"), [(1 / 32, QUEUE_TARGET_S), (0.25, 1.0), (4.0, MAX_QUEUE_WAIT_S)],
+@pytest.mark.parametrize(("held_s", "allowed_s"), [(1 / 32, QUEUE_TARGET_S), (0.25, 1.0), (2.0, MAX_QUEUE_WAIT_S)],
                          ids=["queue-target", "four-permit-intervals", "capped-at-max-queue-wait"])
 def test_once_the_queue_stands_standard_and_batch_are_allowed_queue_target_s_or_four_permit_intervals(
         clock, held_s, allowed_s):
     pool = standing_pool(clock, held_s=held_s)
-    plain, gold = request("plain"), request("gold", CRITICAL)
-    assert offer_all(pool, plain, gold) == ["queued", "queued"]
-    assert plain.max_wait_s == min(MAX_QUEUE_WAIT_S, WAIT_SLACK * allowed_s)
+    bulk, gold = request("bulk", BATCH), request("gold", CRITICAL)
+    assert offer_all(pool, bulk, gold) == ["queued", "queued"]
+    assert bulk.max_wait_s == min(MAX_QUEUE_WAIT_S, WAIT_SLACK * allowed_s)
     assert gold.max_wait_s == MAX_QUEUE_WAIT_S
+
+
+def test_beside_a_tenant_whose_queue_stands_one_whose_queue_drains_keeps_the_draining_allowance(clock):
+    """CoDel's standing queue is judged per tenant (as FQ-CoDel judges it per flow), and a tenant
+    served less than its share is never standing: the flood's requests get queue_target_s, the other
+    tenant's queue_interval_s."""
+    pool = standing_pool(clock, held_s=1 / 32)
+    flood, light = request("bulk", BATCH), request("light", BATCH)
+    assert offer_all(pool, flood, light) == ["queued", "queued"]
+    assert flood.max_wait_s == WAIT_SLACK * QUEUE_TARGET_S
+    assert light.max_wait_s == WAIT_SLACK * QUEUE_INTERVAL_S
+    clock.advance(QUEUE_INTERVAL_S + EPSILON_S)  # light's queue has not emptied, but it is under its share
+    later = request("light", BATCH)
+    assert pool.offer(later).outcome == "queued" and later.max_wait_s == WAIT_SLACK * QUEUE_INTERVAL_S
+    assert pool.queue.under_share("light", BATCH) and not pool.queue.under_share("bulk", BATCH)
+
+
+def test_a_tenant_under_its_share_may_queue_a_burst_its_credit_covers(clock):
+    """Beside a flood that spent its credit, a tenant served less than its share goes first: it may
+    queue IDLE_CREDIT_TURNS permit intervals of its own (8 x 0.25 s here, more than the flood's second)."""
+    pool = standing_pool(clock, held_s=0.25)
+    light = [request("light", BATCH, name=f"light{i}") for i in range(int(IDLE_CREDIT_TURNS) + 1)]
+    verdicts = [pool.offer(r) for r in light]
+    assert [v.outcome for v in verdicts] == ["queued"] * int(IDLE_CREDIT_TURNS) + ["rejected"]
+    assert light[0].max_wait_s == min(MAX_QUEUE_WAIT_S, WAIT_SLACK * IDLE_CREDIT_TURNS * 0.25)
+    assert pool.offer(request("bulk", BATCH)).reason == "overloaded"  # it follows all of light's
+    assert names(pool.release(held_s=0.25, queue_delay_s=None)) == ["light0"]
 
 
 @pytest.mark.parametrize("held_s", [0.75, 1.0, 2.0], ids=["three-quarters", "one", "two"])
@@ -339,7 +393,7 @@ def test_while_the_queue_drains_slow_permits_allow_at_least_the_standing_allowan
     """Permits slower than a quarter of queue_interval_s: a draining queue allows four permit
     intervals, as a standing one does, not the shorter queue_interval_s."""
     standing = standing_pool(clock, held_s=held_s, max_queue_wait_s=20.0)
-    in_standing = request("plain")
+    in_standing = request("bulk", BATCH)
     assert standing.offer(in_standing).outcome == "queued"
     draining = pool_of(clock, limit=1, max_queue_wait_s=20.0)
     offer_all(draining, request(name="running"), request(name="first"))

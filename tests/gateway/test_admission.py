@@ -63,6 +63,7 @@ def test_a_tenant_over_its_rate_gets_429_with_retry_after_and_others_are_served(
         answered = sum(1 for r in worker_requests(worker.url) if r["body"]["prompt"] == "p")
         assert answered == 3  # the refused requests never reached the worker
         assert metric_value(gateway.url, "kvgate_rejected_total", tenant="flood", reason="requests_per_s") >= 2
+        assert metric_value(gateway.url, "kvgate_refusal_seconds_count", reason="requests_per_s") >= 2
 
 
 def test_the_openai_sdk_sees_a_rate_limit_error(tmp_path):
@@ -87,8 +88,11 @@ def test_an_overloaded_pool_queues_then_refuses_fast_without_touching_a_worker(t
         assert sorted(r.status_code for r in responses) == [200, 200, 200, 200, 503]
         refused = next(r for r in responses if r.status_code == 503)
         assert refused.json()["error"]["code"] == "queue_full" and int(refused.headers["retry-after"]) >= 1
+        assert 0 < float(refused.headers["server-timing"].removeprefix("gateway;dur=")) < 1000  # the gateway's ms
         assert httpx.get(f"{worker.url}/calls").json()["generate"] == 4
         assert metric_value(gateway.url, "kvgate_rejected_total", reason="queue_full") == 1
+        assert metric_value(gateway.url, "kvgate_refusal_seconds_count", reason="queue_full") == 1
+        assert metric_value(gateway.url, "kvgate_refusal_seconds_bucket", reason="queue_full", le="1.0") == 1
         assert metric_value(gateway.url, "kvgate_admitted_total", tenant="plain") == 4
         assert metric_value(gateway.url, "kvgate_queue_depth") == 0
         assert metric_value(gateway.url, "kvgate_admitted_in_flight") == 0

@@ -18,7 +18,7 @@ from kvgate.keys import hash_key
 from loadtest import recording_proxy
 from loadtest.overload_fleet import ADMISSION_OFF, TenantSpec, gateway_config
 from loadtest.overload_metrics import GaugeSampler, gauge_values, queue_wait_by_priority, summarize_gauges
-from loadtest.overload_probe import ProbeTransport, error_code
+from loadtest.overload_probe import ProbeTransport, error_code, gateway_duration_ms
 from loadtest.overload_report import OFF, ON, fair_ratio, judge, refusals_by_code, section_markdown
 from loadtest.overload_scenarios import (Offer, RequestShape, Scenario, build_specs, capacity_rps,
                                          closed_loop_specs, deadline_figures, default_scenarios, in_window,
@@ -79,12 +79,14 @@ def test_tenant_figures_count_goodput_loss_refusals_and_codes_over_the_window():
                _rec(3, status=503, e2e_ms=2.0), _rec(4, status=429, e2e_ms=4.0),
                _rec(5, status=None, error="timeout", e2e_ms=9000.0), _rec(6, tenant="std-b")]
     window = in_window(records, warmup_s=1.0, end_s=3.0, tenant="std-a")
-    figures = tenant_figures(window, {3: "queue_full", 4: "requests_per_s"}, Slo(ttft_ms=2000), window_s=2.0)
+    figures = tenant_figures(window, {3: "queue_full", 4: "requests_per_s"}, Slo(ttft_ms=2000), window_s=2.0,
+                             server_ms={3: 0.25, 4: None})
 
     assert figures["offered"] == 5 and figures["good"] == 1
     assert figures["goodput_rps"] == pytest.approx(0.5) and figures["loss"] == pytest.approx(0.8)
     assert figures["answered"] == 2 and figures["refused"] == 2
     assert figures["refusal_ms"]["p50"] == 4.0 and figures["refusal_ms"]["max"] == 4.0
+    assert figures["refusal_server_ms"]["max"] == 0.25  # only those the gateway timed
     assert figures["by_status"] == {"200": 2, "429": 1, "503": 1, "timeout": 1}
     assert figures["by_code"] == {"queue_full": 1, "requests_per_s": 1}
     assert figures["errors"] == {"timeout": 1}
@@ -134,7 +136,8 @@ def test_probe_transport_adds_headers_notes_send_times_and_refusal_codes():
     def upstream(request: httpx.Request) -> httpx.Response:
         seen.append(request.headers.get("x-request-deadline-ms"))
         if b"refuse" in request.content:
-            return httpx.Response(503, json={"error": {"message": "m", "type": "t", "code": "queue_timeout"}})
+            return httpx.Response(503, json={"error": {"message": "m", "type": "t", "code": "queue_timeout"}},
+                                  headers={"server-timing": "db;dur=9, gateway;dur=0.375;desc=x"})
         return httpx.Response(200, text="data: [DONE]\n\n")
 
     probe = ProbeTransport([httpx.MockTransport(upstream)] * 2, {"x-request-deadline-ms": "1000"},
@@ -149,6 +152,14 @@ def test_probe_transport_adds_headers_notes_send_times_and_refusal_codes():
     assert asyncio.run(scenario()) == (200, 503, "queue_timeout")
     assert seen == ["1000", "1000"]
     assert probe.sent_s == {"t-0": 1.0, "t-1": 2.0} and probe.codes == {"t-1": "queue_timeout"}
+    assert probe.server_ms == {"t-1": 0.375}
+
+
+@pytest.mark.parametrize(("header", "expected"), [(None, None), ("gateway;dur=1.5", 1.5), ("other;dur=2", None),
+                                                  ("gateway", None), ("gateway;dur=x", None)],
+                         ids=["absent", "gateway", "another-metric", "no-duration", "bad-duration"])
+def test_the_gateways_own_time_is_read_from_server_timing(header, expected):
+    assert gateway_duration_ms(header) == expected
 
 
 def test_recording_proxy_forwards_by_worker_name_and_lists_marked_arrivals():
@@ -171,12 +182,13 @@ def test_recording_proxy_forwards_by_worker_name_and_lists_marked_arrivals():
     assert listing == {"arrivals": [["run-7", "w1", 5.0], ["run-7", "w0", 6.0]]}
 
 
-def _figures(goodput_rps, *, loss=0.0, refusal_p99=None, offered=100):
+def _figures(goodput_rps, *, loss=0.0, refusal_p99=None, server_p99=None, offered=100):
     pct = {"p50": 1.0, "p90": 2.0, "p99": 3.0, "mean": 1.5, "max": 4.0}
     refusal = {**pct, "p50": None if refusal_p99 is None else 1.0, "p99": refusal_p99}
+    server = {**pct, "p50": None if server_p99 is None else 0.2, "p99": server_p99}
     return {"offered": offered, "offered_rps": offered / 10, "good": round(offered * (1 - loss)),
             "goodput_rps": goodput_rps, "loss": loss, "answered": offered, "ttft_ms": pct, "refused": 0,
-            "refusal_ms": refusal, "by_status": {"200": offered}, "by_code": {}, "errors": {},
+            "refusal_ms": refusal, "refusal_server_ms": server, "by_status": {"200": offered}, "by_code": {}, "errors": {},
             "send_late_ms": pct, "output_tokens": [16]}
 
 
@@ -187,7 +199,7 @@ def _result():
 
     late = {"sent": 50, "arrivals": 10, "late_arrivals": 0, "max_late_ms": None, "answered": 10,
             "first_token_after_deadline": 2}
-    runs = [run("load-2x", ON, {"std-a": _figures(9.5, refusal_p99=3.0)}),
+    runs = [run("load-2x", ON, {"std-a": _figures(9.5, refusal_p99=30.0, server_p99=7.5)}),
             run("load-2x", OFF, {"std-a": _figures(2.0)}),
             run("critical-beside-flood", ON, {"crit": _figures(4.0, loss=0.02), "std-b": _figures(6.0)}),
             run("fair-alone", ON, {"std-a": _figures(4.0)}), run("fair-alone", OFF, {"std-a": _figures(4.0)}),
@@ -207,7 +219,9 @@ def test_judged_rows_compare_with_targets():
     rows = {r.figure: r for r in judge(_result())}
     assert rows["goodput / C at 2x C (one standard tenant)"].passed is True
     assert rows["goodput / C at 2x C (one standard tenant)"].no_admission == "0.20"
-    assert rows["2x C: refusal latency p50 / p99 (ms)"].passed is True
+    server = next(r for f, r in rows.items() if f.startswith("2x C: refusal latency in the gateway"))
+    assert server.passed is False and server.admission == "0.20 / 7.50"
+    assert next(r for f, r in rows.items() if f.startswith("2x C: refusal latency at the client")).passed is None
     critical = next(r for f, r in rows.items() if f.startswith("critical tenant at 0.4x C"))
     assert critical.passed is False and critical.admission == "2.0% (2 of 100)" and critical.no_admission == "-"
     fair = next(r for f, r in rows.items() if f.startswith("standard tenant at 0.4x C"))
@@ -225,7 +239,7 @@ def test_section_names_the_command_the_capacity_and_every_verdict():
     assert "Command: `.venv/bin/python -m loadtest.bench_overload`" in text
     assert "Capacity C = 10.00 req/s" in text
     assert text.count("| PASS |") == sum(r.passed is True for r in rows)
-    assert text.count("| FAIL |") == sum(r.passed is False for r in rows) == 1
+    assert text.count("| FAIL |") == sum(r.passed is False for r in rows) == 2
     assert "`results/x.json`" in text
 
 
@@ -246,15 +260,15 @@ def test_quick_run_measures_capacity_and_checks_deadlines_on_real_processes(tmp_
 
 
 def test_refusal_latency_is_grouped_by_code_over_one_gateways_runs():
-    def raw(status, code, e2e_ms):
-        return {"status": status, "code": code, "e2e_ms": e2e_ms}
+    def raw(status, code, e2e_ms, server_ms=None):
+        return {"status": status, "code": code, "e2e_ms": e2e_ms, "server_ms": server_ms}
 
-    result = {"records": {"load-2x/admission": [raw(503, "queue_timeout", 110.0), raw(200, None, 900.0),
-                                                raw(503, "deadline_unmeetable", 3.0)],
-                          "load-5x/admission": [raw(503, "queue_timeout", 130.0)],
+    result = {"records": {"load-2x/admission": [raw(503, "queue_timeout", 110.0, 100.0), raw(200, None, 900.0),
+                                                raw(503, "deadline_unmeetable", 3.0, 0.5)],
+                          "load-5x/admission": [raw(503, "queue_timeout", 130.0, 120.0)],
                           "load-5x/no-admission": [raw(503, "queue_full", 1.0)]}}
-    assert refusals_by_code(result, ON) == {"deadline_unmeetable": (1, 3.0, 3.0, 3.0),
-                                            "queue_timeout": (2, 130.0, 130.0, 130.0)}
+    assert refusals_by_code(result, ON) == {"deadline_unmeetable": (1, 3.0, 3.0, 3.0, 0.5),
+                                            "queue_timeout": (2, 130.0, 130.0, 130.0, 120.0)}
 
 
 METRICS_BEFORE = """# HELP kvgate_concurrency_limit A pool's adaptive concurrency limit.
