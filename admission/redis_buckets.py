@@ -61,6 +61,17 @@ return num(wait_s)
 REDIS_ERRORS = (redis.RedisError, OSError)
 
 
+async def wait_until_redis_answers(client, interval_s: float) -> None:
+    """PING every interval_s until Redis answers (the recovery probe of a replica serving on local state)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await client.ping()
+        except REDIS_ERRORS:
+            continue
+        return
+
+
 class RedisBuckets:
     """LocalBuckets' semantics in Redis: every replica sees one bucket per key; errors reach the caller."""
 
@@ -147,15 +158,9 @@ class SharedBuckets:
         return self._local
 
     async def _probe_until_redis_answers(self) -> None:
-        while True:
-            await asyncio.sleep(self._retry_interval_s)
-            try:
-                await self._redis.ping()
-            except REDIS_ERRORS:
-                continue
-            self._local = None
-            self._notify("redis")
-            return
+        await wait_until_redis_answers(self._redis, self._retry_interval_s)
+        self._local = None
+        self._notify("redis")
 
     def _notify(self, state: str) -> None:
         if self._on_change is not None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -17,20 +16,22 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.auth import AuthMiddleware, KeyStore
 from gateway.core import GatewayCore
 from gateway.handlers import ServiceEndpoints
-from gateway.middleware import LimitsMiddleware, RequestContextMiddleware
+from gateway.middleware import BodyLimitsMiddleware, HeaderLimitsMiddleware, RequestContextMiddleware
 from gateway.proxy import KINDS, ProxyEndpoint
 from kvgate.api_error import ApiError
 
 
 def build_middleware(core: GatewayCore, keys: KeyStore, completions: dict[str, ProxyEndpoint]) -> list[Middleware]:
-    """Outermost first: request id + trace context, auth, size limits; then the completion
-    endpoints, reached without Starlette's router (every other path goes on to it). Admission is the
-    completion endpoint's first step, once the body says which pool a request is for
-    (gateway/proxy.py: parse -> admit -> route -> proxy)."""
+    """Outermost first, each refusing before the next does any work: header limits (before anything
+    reads a header), request id + trace context, auth (HTTP and WebSocket alike), body limits (only a
+    known client's body is read); then the completion endpoints, reached without Starlette's router
+    (every other path goes on to it). Admission is the completion endpoint's first step, once the
+    body says which pool a request is for (gateway/proxy.py: parse -> admit -> route -> proxy)."""
     return [
+        Middleware(HeaderLimitsMiddleware, limits=core.config.limits),
         Middleware(RequestContextMiddleware),
         Middleware(AuthMiddleware, keys=keys, metrics=core.metrics),
-        Middleware(LimitsMiddleware, limits=core.config.limits),
+        Middleware(BodyLimitsMiddleware, limits=core.config.limits),
         Middleware(CompletionPaths, endpoints=completions),
     ]
 
@@ -56,14 +57,14 @@ def completion_endpoints(core: GatewayCore) -> dict[str, ProxyEndpoint]:
     return {path: ProxyEndpoint(path=path, admission=core.admission, router=core.router, fleet=core.fleet,
                                 upstream=core.upstream, settings=core.config.upstream, metrics=core.metrics,
                                 prices=prices, tokenizers=core.tokenizers, models=core.models,
-                                debug_header=core.config.routing.debug_header, rng=core.rng)
+                                debug_header_for=core.config.routing.debug_header_for, rng=core.rng)
             for path in KINDS}
 
 
 def build_app(core: GatewayCore, keys: KeyStore | None = None, *, freeze_gc: bool = False) -> Starlette:
     """freeze_gc: after startup, move every object alive then out of the collector's reach (for a
     server process; tests leave it off so their objects stay collectable)."""
-    keys = keys or KeyStore(core.config.auth, dict(os.environ), redis_client=core.redis)
+    keys = keys or core.keys
     completions = completion_endpoints(core)
     service = ServiceEndpoints(models=core.models, created=core.started_at, fleet=core.fleet, metrics=core.metrics,
                                redis_ok=core.redis_ok, limits_shared=core.limits_shared)

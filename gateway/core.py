@@ -2,15 +2,16 @@
 
 GatewayCore assembles the router (with its rules and tokenizers), admission (tenants, pool
 queues, retry budgets), the fleet (health checks, KV events, breakers), the upstream clients,
-metrics and the Redis client; build_app hands each endpoint exactly the parts it uses. start()
-and stop() run the background work: health checks, KV-event subscribers, the admission queues'
-timeouts, and the policy-file watcher.
+metrics, the Redis client and the API-key store; build_app hands each endpoint exactly the parts
+it uses. start() and stop() run the background work: health checks, KV-event subscribers, the
+admission queues' timeouts, and the policy-file watcher.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import time
 from collections.abc import Mapping
@@ -21,10 +22,11 @@ import httpx
 from admission.redis_buckets import RedisBuckets, SharedBuckets
 from admission.token_bucket import LocalBuckets
 from gateway.admission import admission_from_config
+from gateway.auth import KeyStore
 from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
-from gateway.routing_config import PolicyFileWatcher, routing_rules
-from gateway.upstream_http import UpstreamClient
+from gateway.routing_config import PolicyFileWatcher, prompt_token_limits, routing_rules, tenant_cache_salts
+from gateway.upstream_http import KEEPALIVE_EXPIRY_S, UpstreamClient
 from kvgate.config import KvgateConfig
 from router.router import Router
 from router.tokenization import RoutingTokenizer
@@ -45,12 +47,14 @@ class GatewayCore:
         self.metrics = GatewayMetrics()
         self.rng = rng or random.Random()
         self.http = http or httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024, keepalive_expiry=60.0))
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024, keepalive_expiry=KEEPALIVE_EXPIRY_S))
         self.upstream = UpstreamClient()  # completions traffic; self.http serves health checks and scrapes
         self.tokenizers = _routing_tokenizers(config, tokenizer_dirs or {})
-        self.router = Router(_worker_specs(config), rules, tokenizers=self.tokenizers, rng=self.rng)
+        self.router = Router(_worker_specs(config), rules, tokenizers=self.tokenizers, rng=self.rng,
+                             max_model_lens=prompt_token_limits(config), tenant_cache_salts=tenant_cache_salts(config))
         self.fleet = Fleet(config, self.router, self.metrics, self.http)
         self.redis = _redis_client(config.redis.url)
+        self.keys = KeyStore(config.auth, dict(os.environ), redis_client=self.redis)
         # tenant limits: in this process, or in Redis shared by every replica (each replica's share locally while
         # Redis is unreachable)
         self.buckets = LocalBuckets() if self.redis is None else SharedBuckets(
@@ -82,6 +86,7 @@ class GatewayCore:
         await self.fleet.stop()
         await self.upstream.aclose()
         await self.http.aclose()
+        await self.keys.aclose()
         if self.redis is not None:
             await self.redis.aclose()
 
@@ -98,9 +103,12 @@ class GatewayCore:
         return None if not isinstance(self.buckets, SharedBuckets) else self.buckets.state == "redis"
 
     async def redis_ok(self) -> bool | None:
-        """None without Redis; else whether it answers a PING within 0.5 s."""
+        """None without Redis; False while the key store knows it unreachable (no PING waited on);
+        else whether it answers a PING within 0.5 s."""
         if self.redis is None:
             return None
+        if self.keys.redis_down:
+            return False
         try:
             return bool(await self.redis.ping())
         except Exception:  # any Redis failure means: serving on local state

@@ -10,20 +10,32 @@ import httpx
 
 
 class UpstreamError(Exception):
-    """An attempt at a worker failed. retryable: safe to try another worker (nothing was sent)."""
+    """An attempt at a worker failed before its answer began (or broke off after).
+
+    kind: connect | first_byte_timeout | idle_timeout | status | stream_error | protocol. A status
+    error is the worker's own answer: 5xx is the worker failing (try another; its breaker counts it),
+    429 is back-pressure (try another; no fault of the worker's health, its cache stays indexed),
+    any other 4xx is the request's fault (the client gets it as is; the worker is healthy).
+    """
 
     def __init__(self, kind: str, message: str, status: int | None = None, body: bytes = b"") -> None:
         super().__init__(message)
-        self.kind = kind  # connect | timeout | first_byte_timeout | idle_timeout | status | protocol
+        self.kind = kind
         self.status = status
         self.body = body
 
     @property
     def retryable(self) -> bool:
-        return self.kind != "status" or self.status in RETRYABLE_STATUSES
+        """Another worker may take the request (nothing of the answer reached the client)."""
+        return self.kind != "status" or self.status == 429 or (self.status or 0) >= 500
 
-
-RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
+    @property
+    def worker_healthy(self) -> bool | None:
+        """What the attempt says of the worker, for its breaker: False (it failed), True (it answered
+        the request's own fault), None (back-pressure: nothing to judge it by)."""
+        if self.kind != "status" or (self.status or 0) >= 500:
+            return False
+        return None if self.status == 429 else True
 
 
 @contextlib.contextmanager

@@ -56,7 +56,7 @@ class Fleet:
         self.config = config
         self.router = router
         self.metrics = metrics
-        self.outliers = OutlierDetector(config.outliers, clock=clock)
+        self.outliers = {name: OutlierDetector(config.outliers, clock=clock) for name in config.pools}  # per pool
         self._http = http
         self._tasks: list[asyncio.Task] = []
         self.workers: dict[str, Worker] = {}
@@ -65,7 +65,7 @@ class Fleet:
                 breaker = WorkerBreaker(wc.name, config.breaker.fail_max, config.breaker.reset_timeout_s,
                                         on_change=self._on_breaker_change)
                 self.workers[wc.name] = Worker(wc.name, pool_name, wc.url.rstrip("/"), wc, breaker)
-                self.outliers.add_worker(wc.name)
+                self.outliers[pool_name].add_worker(wc.name)
                 metrics.breaker_state.labels(worker=wc.name).set(0)
                 metrics.worker_healthy.labels(worker=wc.name).set(1)
 
@@ -95,7 +95,12 @@ class Fleet:
         """May an attempt go to this worker now?"""
         worker = self.workers.get(worker_id)
         return (worker is not None and worker.healthy and worker.breaker.available()
-                and not self.outliers.is_ejected(worker_id))
+                and not self.outliers[worker.pool].is_ejected(worker_id))
+
+    def _others_in_rotation(self, worker: Worker) -> bool:
+        """Whether another worker of its pool would take its requests (a pool's last one is never ejected)."""
+        return any(w.pool == worker.pool and w is not worker and self.available(w.worker_id)
+                   for w in self.workers.values())
 
     def pools_without_workers(self) -> list[str]:
         pools = {w.pool for w in self.workers.values()}
@@ -117,7 +122,7 @@ class Fleet:
             log.info("worker %s not in rotation yet: waiting for its first health check to pass", worker.worker_id)
         elif not in_rotation:
             log.warning("worker %s left rotation (healthy=%s breaker=%s ejected=%s)", worker.worker_id,
-                        worker.healthy, worker.breaker.state, self.outliers.is_ejected(worker.worker_id))
+                        worker.healthy, worker.breaker.state, self.outliers[worker.pool].is_ejected(worker.worker_id))
         else:
             log.info("worker %s rejoined rotation", worker.worker_id)
 
@@ -137,7 +142,8 @@ class Fleet:
         if ok:
             worker.breaker.record_success()
             if first_byte_s is not None and expected_first_byte_s is not None and self.config.outliers.enabled \
-                    and self.outliers.observe(worker_id, first_byte_s, expected_first_byte_s):
+                    and self.outliers[worker.pool].observe(worker_id, first_byte_s, expected_first_byte_s,
+                                                           may_eject=self._others_in_rotation(worker)):
                 self.metrics.ejections.labels(worker=worker_id).inc()
         else:
             worker.breaker.record_failure()

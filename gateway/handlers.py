@@ -54,7 +54,8 @@ class ServiceEndpoints:
         body: dict[str, Any] = {"status": "ready"}
         degraded = []  # still ready: replicas serve on local state, and say so
         if await self._redis_ok() is False:
-            degraded.append("redis unreachable: API keys from Redis and shared state unavailable")
+            degraded.append("redis unreachable: API keys from Redis served from cache for a bounded grace period, "
+                            "others refused (503); shared state unavailable")
         if self._limits_shared() is False:
             degraded.append("tenant limits local: each replica enforces its share until Redis answers")
         if degraded:

@@ -1,4 +1,4 @@
-"""Request context (request id, W3C trace context) and size limits, as plain ASGI middleware."""
+"""Request context (request id, W3C trace context) and size limits (headers, body), as plain ASGI middleware."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import re
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.websockets import WebSocketClose
 
 from kvgate.api_error import ApiError
 from kvgate.config import LimitsConfig
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_POLICY_VIOLATION = 1008  # the WebSocket close code for a refused connection (RFC 6455 7.4.1)
 _propagator = TraceContextTextMapPropagator()
 tracer = trace.get_tracer("kvgate.gateway")
 
@@ -73,8 +75,34 @@ def _no_tracer_installed() -> bool:
     return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
-class LimitsMiddleware:
-    """Header count/size (431) and body size (413) limits, checked before any parsing.
+class HeaderLimitsMiddleware:
+    """Header count and size limits (431), checked before anything else reads the headers (auth,
+    trace context, request id): the outermost of the gateway's own middleware. A WebSocket over
+    the limits is closed before it is accepted (the server answers 403)."""
+
+    def __init__(self, app: ASGIApp, limits: LimitsConfig) -> None:
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        error = self._check(scope["headers"]) if scope["type"] in ("http", "websocket") else None
+        if error is None:
+            await self.app(scope, receive, send)
+        elif scope["type"] == "http":
+            await error.response()(scope, receive, send)
+        else:
+            await WebSocketClose(code=_POLICY_VIOLATION, reason=error.message[:100])(scope, receive, send)
+
+    def _check(self, headers: list[tuple[bytes, bytes]]) -> ApiError | None:
+        if len(headers) > self.limits.max_header_count:
+            return ApiError(431, f"too many request headers (limit {self.limits.max_header_count})")
+        if sum(len(k) + len(v) for k, v in headers) > self.limits.max_header_bytes:
+            return ApiError(431, f"request headers too large (limit {self.limits.max_header_bytes} bytes)")
+        return None
+
+
+class BodyLimitsMiddleware:
+    """Body size limit (413), checked before any parsing (after auth: only a known client's body is read).
 
     Bodies are read up to the limit and replayed to the app, so an oversized chunked body is
     refused as soon as it crosses the limit.
@@ -85,25 +113,14 @@ class LimitsMiddleware:
         self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
-        error = self._check_headers(scope["headers"])
-        if error is None and scope["method"] in ("POST", "PUT", "PATCH"):
-            body, error = await self._read_body(scope, receive)
-            if error is None:
-                receive = _replay(body, receive)
+        body, error = await self._read_body(scope, receive)
         if error is not None:
             await error.response()(scope, receive, send)
             return
-        await self.app(scope, receive, send)
-
-    def _check_headers(self, headers: list[tuple[bytes, bytes]]) -> ApiError | None:
-        if len(headers) > self.limits.max_header_count:
-            return ApiError(431, f"too many request headers (limit {self.limits.max_header_count})")
-        if sum(len(k) + len(v) for k, v in headers) > self.limits.max_header_bytes:
-            return ApiError(431, f"request headers too large (limit {self.limits.max_header_bytes} bytes)")
-        return None
+        await self.app(scope, _replay(body, receive), send)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> tuple[bytes, ApiError | None]:
         limit = self.limits.max_body_bytes

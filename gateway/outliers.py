@@ -12,8 +12,9 @@ base_latency_s (a few engine steps) is what a request with next to nothing to co
 waits; added to both sides it keeps such requests near 1 instead of far above or below it, so a
 worker serving cache hits and one serving cold prompts both read about 1 when healthy. Per worker
 an EWMA of slowness; a worker with at least min_samples whose EWMA exceeds ratio x the median of
-its peers' is ejected for ejection_s, then readmitted with a fresh EWMA. At most
-max_ejected_fraction of a pool is ejected at once.
+its peers' is ejected for ejection_s, then readmitted with a fresh EWMA. One detector per pool
+(peers are the pool's workers); at most max_ejected_fraction of a pool is ejected at once, and never
+its last worker in rotation (the caller says whether another would take its requests).
 
 One observation counts for at most 2 x ratio: the expectation is a linear model, and a single
 very long prompt (attention grows with its square) can take 10x what it predicts on a healthy
@@ -56,9 +57,9 @@ class OutlierDetector:
             return False
         return True
 
-    def observe(self, worker_id: str, first_token_s: float, expected_s: float) -> bool:
+    def observe(self, worker_id: str, first_token_s: float, expected_s: float, may_eject: bool = True) -> bool:
         """Record one request's time to first token and the router's expectation for it; returns
-        True if this observation ejected the worker."""
+        True if this observation ejected the worker (never while may_eject is False)."""
         base = self.config.base_latency_s
         slowness = min((first_token_s + base) / (expected_s + base), 2 * self.config.ratio)
         stats = self._stats.setdefault(worker_id, _Stats())
@@ -69,7 +70,8 @@ class OutlierDetector:
             return False
         peers = [s.slowness for w, s in self._stats.items()
                  if w != worker_id and s.samples >= self.config.min_samples and s.ejected_until is None]
-        if not peers or stats.slowness <= self.config.ratio * statistics.median(peers) or not self._may_eject():
+        if not may_eject or not peers or stats.slowness <= self.config.ratio * statistics.median(peers) \
+                or not self._may_eject():
             return False
         stats.ejected_until = self._clock() + self.config.ejection_s
         return True

@@ -12,7 +12,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, TypeVar
 
@@ -31,6 +31,7 @@ from gateway.sse import compact_json
 from gateway.upstream_http import UpstreamClient
 from kvgate.api_error import ApiError
 from kvgate.config import PricesConfig, UpstreamConfig
+from router.errors import PromptTooLongError
 from router.router import NoRouteError, Router
 from router.ticket import RouteTicket
 from router.tokenization import RoutingTokenizer
@@ -49,7 +50,7 @@ KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 class ProxyEndpoint:
     """One completion path. models maps each served model to its pool; tokenizers, each model's
     routing tokenizer (only exact ones are used to continue after a failover); prices, each pool's
-    (for the cost of each request); debug_header adds x-kvgate-route."""
+    (for the cost of each request); debug_header_for(tenant) says whether its answers carry x-kvgate-route."""
 
     path: str
     admission: Admission
@@ -61,7 +62,7 @@ class ProxyEndpoint:
     prices: Mapping[str, PricesConfig]
     tokenizers: Mapping[str, RoutingTokenizer]
     models: Mapping[str, str]
-    debug_header: bool
+    debug_header_for: Callable[[str], bool]
     rng: random.Random
     kind: str = field(init=False)
 
@@ -164,6 +165,9 @@ class ProxyEndpoint:
             ticket = self.router.route(route_req)
         except NoRouteError as exc:
             raise self._no_route(route_req, exc) from None
+        except PromptTooLongError as exc:
+            raise ApiError(400, str(exc), code="context_length_exceeded",
+                           param="messages" if route_req.messages is not None else "prompt") from None
         except OverflowError:  # token ids are packed as u32 for the block keys
             raise ApiError(400, "prompt token ids must be integers in [0, 2**32)", param="prompt") from None
         except (ValueError, TypeError) as exc:  # e.g. a chat template that rejects the messages
@@ -182,7 +186,7 @@ class ProxyEndpoint:
     async def _respond(self, session: Session, held: list, tenant: str, scope: Scope, receive: Receive,
                        send: Send) -> None:
         headers = [(b"x-kvgate-worker", session.tried[-1].encode())]
-        if self.debug_header:
+        if self.debug_header_for(tenant):
             headers.append((b"x-kvgate-route", session.ticket.decision.explain()[:2000].encode("latin-1", "replace")))
         if session.req.client_stream:
             response = StreamingResponse(self._observed(session, session.stream(held), tenant),
@@ -230,7 +234,7 @@ class ProxyEndpoint:
         status = "200" if answered else str(session.error_status or 499)
         m.child(m.requests, tenant, req.model, status).inc()
         m.child(m.e2e, req.model).observe(time.monotonic() - req.started_s)
-        usage = session.final_usage() or {}
+        usage = session.accounted_usage() or {}
         session.permit.end(queue_delay_s=session.ticket.queue_delay_s, dropped=session.ticket.outcome in _DROPPED,
                            usage=usage or None, first_token_at_s=session.first_token_s)
         if usage:

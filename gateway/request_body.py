@@ -14,7 +14,7 @@ from kvgate.api_error import ApiError
 
 
 async def read_body(receive: Receive) -> bytes:
-    """The whole request body (LimitsMiddleware has already bounded its size)."""
+    """The whole request body (BodyLimitsMiddleware has already bounded its size)."""
     chunks = []
     while True:
         message = await receive()
@@ -47,6 +47,7 @@ def parse_body(raw: bytes, kind: str) -> dict[str, Any]:
             raise ApiError(400, "stream_options must be an object", param="stream_options")
         if not body.get("stream"):
             raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
+    _refuse_unsupported(body)
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
@@ -58,6 +59,23 @@ def parse_body(raw: bytes, kind: str) -> dict[str, Any]:
         if len(prompt) > 1 and isinstance(prompt, list) and isinstance(prompt[0], (str, list)):
             raise ApiError(400, "only one prompt per request is supported", param="prompt")
     return body
+
+
+# Fields the gateway cannot carry through retries and failover (it continues one answer, rendered with
+# the pool's own chat template, on any worker of the pool): refused with a 400 naming them, never passed on.
+_UNSUPPORTED = {
+    "n": (lambda v: v is None or v == 1, "only one choice per request is supported (n must be 1)"),
+    "best_of": (lambda v: v is None or v == 1, "best_of must be 1"),
+    "echo": (lambda v: v is None or v is False, "echo is not supported"),
+    "chat_template": (lambda v: v is None, "a request's own chat_template is not supported: the pool's is used"),
+    "kv_transfer_params": (lambda v: v is None, "kv_transfer_params is internal to disaggregated serving"),
+}
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    for name, (accepted, message) in _UNSUPPORTED.items():
+        if name in body and not accepted(body[name]):
+            raise ApiError(400, message, param=name)
 
 
 def _reject_constant(name: str) -> Any:

@@ -1,4 +1,5 @@
-"""Routing rules built from the parsed configuration, and the policy file's reloads.
+"""Router inputs built from the parsed configuration (rules, prompt limits, cache salts), and the
+policy file's reloads.
 
 Without routing.policies_file each pool routes its own model with its own policy; with one, its
 rules decide. Either way the router checks every policy type and parameter here, at start, and
@@ -34,6 +35,18 @@ def routing_rules(config: KvgateConfig) -> RoutingRules:
         return rules_from_file(path, config.pools)
     except ConfigError as exc:
         raise ConfigError("routing.policies_file", f"{path}: {exc}") from None
+
+
+def prompt_token_limits(config: KvgateConfig) -> dict[str, int]:
+    """Router(max_model_lens=...): pool -> the most prompt tokens routed there (pools.<name>.max_model_len,
+    else what every worker's launch section allows); a pool with no known limit is left out."""
+    limits = {name: pool.prompt_token_limit() for name, pool in config.pools.items()}
+    return {name: limit for name, limit in limits.items() if limit is not None}
+
+
+def tenant_cache_salts(config: KvgateConfig) -> dict[str, str]:
+    """Router(tenant_cache_salts=...): tenant -> salt, for tenants.<name>.cache_isolation."""
+    return config.cache_salts()
 
 
 def rules_from_file(path: str | Path, pools: Collection[str]) -> RoutingRules:

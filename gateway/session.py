@@ -5,7 +5,10 @@ Before anything reaches the client, a failed attempt is retried on the next rank
 has started, a worker that dies or stalls is replaced mid-answer: the next worker gets the
 prompt plus the text already delivered (completions: appended to the prompt; chat: a partial
 assistant message with continue_final_message) and max_tokens reduced by what was delivered,
-and its chunks are rewritten to carry the first stream's id, so the client sees one stream.
+and its chunks are rewritten to carry the first stream's id, so the client sees one stream (a tool
+call half streamed is not continued: the answer ends with an error). A non-streaming answer is
+assembled from the stream: text, tool calls and logprobs. Usage is the worker's, or counted from
+what was streamed when none came.
 """
 
 from __future__ import annotations
@@ -89,6 +92,9 @@ class Session:
     last_token_s: float | None = None
     delivered_tokens_at_failover: int = 0
     token_ids: list[int] = field(default_factory=list)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # streamed tool-call deltas, by index
+    logprobs: dict[str, Any] | None = None  # the choice's logprobs, concatenated across chunks
+    num_token_chunks: int = 0  # chunks that carried text or a tool call (about a token each)
     end_reason: str | None = None  # why the answer stopped short, when it did
     error_status: int | None = None  # the status of the error the answer ended with
     ended: bool = False
@@ -158,10 +164,11 @@ class Session:
             held = await wait_first_progress(attempt, up.first_byte_timeout_s)
         except BaseException as error:  # refused, failed, or cancelled (the client left): the worker did not serve it
             self.ticket.attempt_failed()
-            if isinstance(error, UpstreamError):
-                self.fleet.record_attempt(worker_id, ok=not error.retryable)
+            healthy = error.worker_healthy if isinstance(error, UpstreamError) else None
+            if healthy is None:  # back-pressure, or the client left: no outcome; a half-open trial may go again
+                worker.breaker.end_attempt()
             else:
-                worker.breaker.end_attempt()  # no outcome to record: a half-open trial may be tried again
+                self.fleet.record_attempt(worker_id, ok=healthy)
             if attempt is not None:
                 await asyncio.shield(attempt.close())
             raise
@@ -209,7 +216,10 @@ class Session:
             return
         self.ended = True
         answered = self.done or self.finish_reason is not None
-        await self._close_attempt(ok=True if self.done else None)
+        # An attempt still open here was answering (upstream failures fail over, closing theirs): the
+        # worker served what it was asked until the answer ended, its client left, or the gateway
+        # failed on its own. Its breaker hears a success, so a half-open trial always ends.
+        await self._close_attempt(ok=True)
         if answered:
             self.ticket.finished(self.usage)
         else:
@@ -267,9 +277,15 @@ class Session:
             self.role_sent = True
         if choice.get("finish_reason") is not None:
             self.finish_reason = choice["finish_reason"]
-        if text:
+        tool_calls = (delta or {}).get("tool_calls")
+        if text or tool_calls:
             self._mark_token()
-            self.text += text
+            self.text += text or ""
+            self.num_token_chunks += 1
+        if tool_calls:
+            merge_tool_call_deltas(self.tool_calls, tool_calls)
+        if isinstance(choice.get("logprobs"), dict):
+            self.logprobs = merge_logprobs(self.logprobs, choice["logprobs"])
         token_ids = choice.get("token_ids")  # vLLM's return_token_ids, for the assembled answer
         if token_ids:
             self.token_ids.extend(token_ids)
@@ -298,6 +314,10 @@ class Session:
     async def _failover(self, error: UpstreamError) -> list[SseEvent]:
         await self._close_attempt(ok=False)
         self.ticket.attempt_failed()
+        if self.tool_calls:  # a call half streamed cannot be continued as text by another worker
+            self.end_reason = "failover_failed"
+            raise ApiError(502, f"worker failed mid-stream ({error}) during a tool call, which cannot be continued "
+                           "on another worker", "upstream_error", code="failover_failed")
         self.failovers += 1
         self.metrics.failovers.labels(pool=self.req.pool).inc()
         delivered = self._count_tokens(self.text)
@@ -330,14 +350,15 @@ class Session:
                                   {"index": 0, "text": "", "logprobs": None, "finish_reason": reason})
         return {**self._envelope(), "choices": [choice]}
 
-    async def _close_attempt(self, ok: bool | None) -> None:
-        """Close the current upstream stream; ok None records no outcome (client went away)."""
+    async def _close_attempt(self, ok: bool) -> None:
+        """Close the current upstream stream and record its outcome."""
         attempt = self.attempt
         if attempt is None:
             return
         self.attempt = None
-        await attempt.close(drain=bool(ok) and self.done)
-        if ok is not None:
+        try:
+            await attempt.close(drain=ok and self.done)
+        finally:
             self.fleet.record_attempt(attempt.worker_id, ok=ok, first_byte_s=attempt.first_byte_s,
                                       expected_first_byte_s=attempt.expected_first_byte_s)
 
@@ -355,15 +376,35 @@ class Session:
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
                 "prompt_tokens_details": {"cached_tokens": cached}}
 
+    def accounted_usage(self) -> dict[str, Any] | None:
+        """Usage to count and bill: the worker's when it sent one, else what was streamed (a client
+        that left mid-answer, a worker that died after its last token, a failover that failed): the
+        prompt, once a first token showed it was computed, and the tokens delivered."""
+        usage = self.final_usage()
+        if usage is not None or self.first_token_s is None:
+            return usage
+        prompt = self.ticket.decision.num_prompt_tokens or 0
+        if self.token_ids:
+            completion = len(self.token_ids)
+        elif self.tokenizer is not None:
+            completion = len(self.tokenizer.encode_text(self.text))
+        else:  # engines stream about a token a chunk
+            completion = self.num_token_chunks
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": 0}}
+
     def _full_response(self) -> dict[str, Any]:
         first = self.first_payload or {}
         usage = self.final_usage()
         if self.req.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": self.text}, "logprobs": None,
-                      "finish_reason": self.finish_reason}
+            message: dict[str, Any] = {"role": "assistant", "content": self.text}
+            if self.tool_calls:
+                message["content"] = self.text or None
+                message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+            choice = {"index": 0, "message": message, "logprobs": self.logprobs, "finish_reason": self.finish_reason}
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": self.text, "logprobs": None, "finish_reason": self.finish_reason}
+            choice = {"index": 0, "text": self.text, "logprobs": self.logprobs, "finish_reason": self.finish_reason}
             obj = "text_completion"
         body = {"id": first.get("id"), "object": obj, "created": first.get("created"),
                 "model": first.get("model", self.req.model), "choices": [choice]}
@@ -377,6 +418,35 @@ class Session:
         if usage is not None:
             body["usage"] = usage
         return body
+
+
+def merge_tool_call_deltas(calls: dict[int, dict[str, Any]], deltas: list[Any]) -> None:
+    """Fold streamed tool-call deltas into whole calls, by index: id, type and name as they first come,
+    the arguments concatenated (OpenAI's streaming format for tool_calls)."""
+    for delta in deltas:
+        if not isinstance(delta, dict):
+            continue
+        call = calls.setdefault(int(delta.get("index") or 0), {"id": None, "type": "function",
+                                                                "function": {"name": None, "arguments": ""}})
+        for key in ("id", "type"):
+            if delta.get(key):
+                call[key] = delta[key]
+        function = delta.get("function") or {}
+        if function.get("name"):
+            call["function"]["name"] = function["name"]
+        call["function"]["arguments"] += function.get("arguments") or ""
+
+
+def merge_logprobs(merged: dict[str, Any] | None, part: dict[str, Any]) -> dict[str, Any]:
+    """Concatenate a chunk's logprobs onto those before it: every list field is extended (chat's
+    content and refusal; completions' tokens, token_logprobs, top_logprobs, text_offset)."""
+    merged = dict(merged or {})
+    for key, value in part.items():
+        if isinstance(value, list):
+            merged[key] = list(merged.get(key) or []) + value
+        elif key not in merged:
+            merged[key] = value
+    return merged
 
 
 def continuation_body(req: ProxyRequest, delivered_text: str, delivered_tokens: int,

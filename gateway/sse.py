@@ -8,6 +8,7 @@ still read text, finish reasons and usage.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,14 @@ class SseEvent:
 
 
 class SseParser:
-    """feed(bytes) -> complete events; a partial event waits for the next chunk."""
+    """feed(bytes) -> complete events; a partial event waits for the next chunk.
+
+    Lines end in CRLF, LF or CR, as the SSE spec allows; an empty line ends an event. Field lines
+    other than `data` (comments, event, id, retry) are skipped, and an event without data is not
+    returned. One space after `data:` is dropped; data lines join with LF. An event whose empty
+    line ends in CR at the end of a read is returned at once; an LF that follows is the next
+    event's first (empty) line, so the raw bytes of the events are still the stream as sent.
+    """
 
     def __init__(self) -> None:
         self._buffer = b""
@@ -33,29 +41,35 @@ class SseParser:
         self._buffer += chunk
         events = []
         while True:
-            end, sep_len = _find_separator(self._buffer)
-            if end < 0:
+            end = _event_end(self._buffer)
+            if end is None:
                 return events
-            raw = self._buffer[: end + sep_len]
-            self._buffer = self._buffer[end + sep_len:]
+            raw, self._buffer = self._buffer[:end], self._buffer[end:]
             event = _parse(raw)
             if event is not None:
                 events.append(event)
 
 
-def _find_separator(buffer: bytes) -> tuple[int, int]:
-    if b"\r" not in buffer:
-        return buffer.find(b"\n\n"), 2
-    candidates = [(buffer.find(sep), len(sep)) for sep in (b"\n\n", b"\r\n\r\n")]
-    found = [(i, n) for i, n in candidates if i >= 0]
-    return min(found) if found else (-1, 0)
+_EOL = rb"(?:\r\n|\r(?!\n)|\n)"
+_EVENT_END = re.compile(_EOL + _EOL)  # a line's end, then an empty line's
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+def _event_end(buffer: bytes) -> int | None:
+    """Where the first complete event in buffer ends (after its empty line), or None."""
+    if b"\r" not in buffer:  # the usual LF-only stream, without a regex
+        i = buffer.find(b"\n\n")
+        return None if i < 0 else i + 2
+    match = _EVENT_END.search(buffer)
+    return None if match is None else match.end()
 
 
 def _parse(raw: bytes) -> SseEvent | None:
-    lines = raw.decode("utf-8", errors="replace").splitlines()
-    data = "\n".join(line[5:].lstrip(" ") if len(line) > 5 else "" for line in lines if line.startswith("data:"))
-    if not data and not any(line.startswith("data:") for line in lines):
-        return None  # comments / keep-alives
+    lines = raw.split(b"\n") if b"\r" not in raw else _LINE_END.split(raw)
+    data_lines = [value for value in map(_data_value, lines) if value is not None]
+    if not data_lines:
+        return None  # comments, keep-alives, fields without data
+    data = b"\n".join(data_lines).decode("utf-8", errors="replace")
     payload = None
     if data != "[DONE]":
         try:
@@ -64,6 +78,16 @@ def _parse(raw: bytes) -> SseEvent | None:
         except json.JSONDecodeError:
             payload = None
     return SseEvent(raw=raw, data=data, payload=payload)
+
+
+def _data_value(line: bytes) -> bytes | None:
+    """The value of a `data` field line (one leading space dropped), None for any other line."""
+    if line == b"data":
+        return b""
+    if not line.startswith(b"data:"):
+        return None
+    value = line[5:]
+    return value[1:] if value.startswith(b" ") else value
 
 
 # built once (json.dumps with arguments builds an encoder per call)

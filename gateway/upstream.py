@@ -8,6 +8,7 @@ before anything reaches the client, so the request can still be retried elsewher
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,7 +107,8 @@ async def read_events(attempt: Attempt, timeout_s: float) -> list[SseEvent]:
 
 
 def shows_progress(event: SseEvent) -> bool:
-    """True for an event other than a bare role announcement: text, finish, usage, error or DONE."""
+    """True for an event other than a bare role announcement: text, a tool call, finish, usage, error or DONE
+    (wait_first_progress raises on an error event before the first token)."""
     payload = event.payload
     if payload is None:
         return True
@@ -115,7 +117,8 @@ def shows_progress(event: SseEvent) -> bool:
     for choice in payload.get("choices") or ():
         if choice.get("finish_reason") is not None:
             return True
-        if choice.get("text") or (choice.get("delta") or {}).get("content"):
+        delta = choice.get("delta") or {}
+        if choice.get("text") or delta.get("content") or delta.get("tool_calls"):
             return True
     return False
 
@@ -130,7 +133,24 @@ async def wait_first_progress(attempt: Attempt, first_byte_timeout_s: float) -> 
         events = await read_events(attempt, remaining)
         if attempt.eof:
             raise UpstreamError("protocol", "stream ended before the first token")
+        for event in events:
+            _raise_stream_error(event)
         held.extend(events)
         if any(shows_progress(e) for e in events):
             attempt.first_byte_s = time.monotonic() - attempt.started_s
             return held
+
+
+def _raise_stream_error(event: SseEvent) -> None:
+    """An error event before the first token: the attempt failed before the answer began. One that
+    names a 4xx code (vLLM's error events carry the HTTP status) is the request's fault and goes to the
+    client as that status; any other is the worker failing, to be retried on another."""
+    payload = event.payload
+    if payload is None or "error" not in payload:
+        return
+    error = payload["error"]
+    code = error.get("code") if isinstance(error, dict) else None
+    if isinstance(code, int) and 400 <= code < 500 and code != 429:
+        body = json.dumps(payload if isinstance(error, dict) else {"error": {"message": str(error)}}).encode()
+        raise UpstreamError("status", f"worker refused the request in its stream ({code})", code, body)
+    raise UpstreamError("stream_error", f"worker reported an error before the first token: {error}")

@@ -5,6 +5,11 @@ more than the rest of the proxy at a few hundred connections; this client pops a
 connection in O(1). Reading stops while more than MAX_BUFFERED_BYTES wait for the reader, so a
 slow client still pushes back on the worker. Network failures raise httpx's exception types, so
 gateway.errors.map_upstream_errors stays the one place that translates upstream errors.
+
+Idle connections expire after KEEPALIVE_EXPIRY_S, below the workers' own idle close (uvicorn's
+default is 5 s), so the gateway normally drops a connection before the worker does. A request on a
+pooled connection that the worker closed anyway (EOF or reset before any byte of the answer: it
+was idle-closed as the request went out) is sent once more on a fresh connection, unseen by callers.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import httptools
 import httpx
 
 MAX_BUFFERED_BYTES = 256 * 1024
-KEEPALIVE_EXPIRY_S = 60.0
+KEEPALIVE_EXPIRY_S = 4.0  # below the worker's idle close (uvicorn's timeout_keep_alive, 5 s by default)
 MAX_IDLE_PER_ORIGIN = 1024
 
 Origin = tuple[str, str, int]  # scheme, host, port
@@ -44,6 +49,7 @@ class _Connection(asyncio.Protocol):
         self.headers_done = False
         self.keep_alive = False
         self.complete = False
+        self.num_response_bytes = 0  # of the current response, as received (headers included)
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
         self._error: Exception | None = None
@@ -56,6 +62,7 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        self.num_response_bytes += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -141,6 +148,10 @@ class _Connection(asyncio.Protocol):
     def reusable(self) -> bool:
         return self.complete and not self.closed and self.keep_alive
 
+    def is_open(self) -> bool:
+        """Neither closed by the worker (as far as this loop has seen) nor being closed here."""
+        return not self.closed and not self.transport.is_closing()
+
 
 class UpstreamResponse:
     """A response whose body is read chunk by chunk; aclose() returns its connection to the pool
@@ -173,14 +184,27 @@ class UpstreamClient:
 
     async def post_stream(self, url: str, body: dict[str, Any], headers: dict[str, str],
                           connect_timeout_s: float) -> UpstreamResponse:
-        """Send the request and wait for the response headers (the caller bounds the wait)."""
+        """Send the request and wait for the response headers (the caller bounds the wait). On a
+        pooled connection the worker closed before answering a byte, the request goes once more on
+        a fresh connection; a fresh connection's failure is raised as it is."""
         origin, target = self._target(url)
         data = _REQUEST_JSON.encode(body).encode()
-        head = _request_head(origin, target, headers, len(data))
-        conn = self._pop_idle(origin) or await self._connect(origin, connect_timeout_s)
+        request = _request_head(origin, target, headers, len(data)) + data
+        conn = self._pop_idle(origin)
+        if conn is not None:
+            try:
+                return await self._exchange(origin, conn, request)
+            except (httpx.ReadError, httpx.RemoteProtocolError):
+                if conn.num_response_bytes:  # the worker began to answer: its failure, not an idle close
+                    raise
+        conn = await self._connect(origin, connect_timeout_s)
+        return await self._exchange(origin, conn, request)
+
+    async def _exchange(self, origin: Origin, conn: _Connection, request: bytes) -> UpstreamResponse:
+        """Write the request on conn and wait for the response headers; conn is closed on any failure."""
         conn._reset()
         try:
-            conn.transport.write(head + data)
+            conn.transport.write(request)
             await conn.wait_headers()
         except BaseException:
             conn.transport.close()
@@ -209,7 +233,7 @@ class UpstreamClient:
         now = self._clock()
         while idle:
             conn = idle.pop()
-            if not conn.closed and now - conn.idle_since_s < self._keepalive_expiry_s:
+            if conn.is_open() and now - conn.idle_since_s < self._keepalive_expiry_s:
                 return conn
             conn.transport.close()
         return None

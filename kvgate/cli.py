@@ -91,8 +91,12 @@ def _add_worker(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-blocks", type=_positive_int, help="KV blocks to allocate (default: from memory)")
     p.add_argument("--max-num-seqs", type=_positive_int, default=64, help="max running sequences (default: 64)")
     p.add_argument("--max-num-batched-tokens", type=_positive_int, help="token budget per step")
-    p.add_argument("--kv-events-endpoint", metavar="tcp://HOST:PORT",
-                   help="publish KV events here (ZMQ PUB; replay socket on PORT+1)")
+    p.add_argument("--kv-events-endpoint", metavar="PORT|tcp://HOST:PORT",
+                   help="publish KV events here (ZMQ PUB; replay socket on PORT+1); a bare PORT binds 127.0.0.1; "
+                        "any other host exposes every prompt's token ids to whoever can reach it")
+    p.add_argument("--timeout-keep-alive", dest="timeout_keep_alive_s", type=float, metavar="SECONDS",
+                   help="close idle keep-alive connections after this long (default: 15; keep it above the "
+                        "gateway's idle pool expiry)")
     p.add_argument("--served-model-name", metavar="NAME", help="model name clients use (default: from the model)")
     p.add_argument("--max-model-len", type=_positive_int, help="context length (default: the model's)")
     p.add_argument("--device", help="torch device, e.g. cpu or cuda:0 (default: cuda when present)")

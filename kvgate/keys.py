@@ -33,7 +33,9 @@ def store_in_redis(redis_url: str, key_sha256: str, tenant: str) -> None:
 
 def revoke_in_redis(redis_url: str, key_sha256: str) -> str | None:
     """Remove a key hash from Redis; returns the tenant it belonged to, None if Redis did not hold it.
-    Gateways cache what they looked up for up to 30 s, so the key stops working within that."""
+    Gateways cache what they looked up for up to 30 s, so the key stops working within that (while Redis
+    is unreachable, a gateway serves a key it had looked up for at most 60 s more: gateway/auth.py
+    STALE_GRACE_S)."""
 
     def revoke(client) -> str | None:
         tenant = client.hget(REDIS_KEYS_HASH, key_sha256)

@@ -75,7 +75,7 @@ def print_banner(out: TextIO, config: KvgateConfig, gateway_port: int, api_key: 
         "Try:\n"
         f"  curl {base}/v1/chat/completions \\\n"
         f"    -H 'Authorization: Bearer {api_key}' -H 'Content-Type: application/json' \\\n"
-        f"    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}], \"max_tokens\": 64}}'\n\n"
+        f"    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}], \"max_tokens\": 64, \"temperature\": 0}}'\n\n"
         "Press Ctrl-C to stop.\n"
     )
     out.flush()

@@ -1,6 +1,11 @@
 """Chained block keys: xxh3_64 over (previous key || block tokens), per docs/architecture.md; and a
-cache that lets a prompt extending a recent one hash only its new blocks.
-The chain runs in the C extension router._blockhash when it is built (COMPILED_KEYS), else in Python."""
+cache that lets a prompt extending a recent one hash only its new blocks, bounded in bytes.
+The chain runs in the C extension router._blockhash when it is built (COMPILED_KEYS), else in Python.
+
+A chain starts from a seed: the model name's hash, or, for a tenant with cache isolation, the model
+name hashed with that tenant's cache salt, so its keys never equal another tenant's keys for the
+same tokens (docs/architecture.md, "Cache isolation", says what that does and does not hide).
+"""
 
 from __future__ import annotations
 
@@ -26,9 +31,15 @@ _U32_TYPECODE = "I" if array("I").itemsize == 4 else "L"
 _NEEDS_BYTESWAP = sys.byteorder != "little"
 
 
-def model_seed(model_name: str) -> int:
-    """seed = xxh3_64(model_name as UTF-8)."""
-    return _xxh3_64(model_name.encode("utf-8"))
+def model_seed(model_name: str, cache_salt: str | None = None) -> int:
+    """seed = xxh3_64(model_name as UTF-8); with a cache salt, xxh3_64(model_name as UTF-8) seeded
+    with xxh3_64("kvgate-cache-salt:" + salt): a chain of its own for the same tokens."""
+    if cache_salt is None:
+        return _xxh3_64(model_name.encode("utf-8"))
+    return _xxh3_64(model_name.encode("utf-8"), seed=_xxh3_64(_SALT_PREFIX + cache_salt.encode("utf-8")))
+
+
+_SALT_PREFIX = b"kvgate-cache-salt:"
 
 
 def pack_tokens_u32le(token_ids: Sequence[int]) -> bytes:
@@ -67,9 +78,17 @@ def _chain_packed_python(packed: bytes, block_size: int, parent_key: int) -> lis
     return [key := _xxh3_64(_U64LE(key) + block) for block in blocks]
 
 
-def block_keys(token_ids: Sequence[int] | bytes, block_size: int, model_name: str) -> list[int]:
-    """Keys of a prompt's full blocks: the chain started from model_seed(model_name)."""
-    return chain_block_keys(token_ids, block_size, model_seed(model_name))
+def block_keys(token_ids: Sequence[int] | bytes, block_size: int, model_name: str,
+               cache_salt: str | None = None) -> list[int]:
+    """Keys of a prompt's full blocks: the chain started from model_seed(model_name, cache_salt)."""
+    return chain_block_keys(token_ids, block_size, model_seed(model_name, cache_salt))
+
+
+DEFAULT_KEY_CACHE_BYTES = 16 * 1024 * 1024
+"""PrefixKeyCache's default byte budget: over 256 prompts of 8,192 tokens, one of 2M tokens."""
+
+_KEY_BYTES = 8 + sys.getsizeof(2**63)  # a list slot and a 64-bit int object
+_ENTRY_OVERHEAD_BYTES = 300  # the dict entry, its index tuple, the bytes and list headers
 
 
 class PrefixKeyCache:
@@ -77,24 +96,33 @@ class PrefixKeyCache:
     conversation, a shared system prompt) reuses the keys of the common full blocks and hashes
     only the rest. Exact: keys are reused only for byte-identical leading blocks.
 
-    Entries are indexed by (seed, block size, first block's bytes), one per index (the newest),
-    and bounded LRU; each holds the packed prompt and its keys (~50 KB for 8,192 tokens).
+    Entries are indexed by (seed, block size, first block's bytes), one per index (the newest).
+    Each holds the packed prompt and its keys (~50 KB for 8,192 tokens, ~13 MB for 2M); the
+    cache keeps at most max_entries of them in at most max_bytes (num_bytes: their estimated
+    size), evicting the least recently used, and never keeps a prompt larger than max_bytes.
     """
 
-    def __init__(self, max_entries: int = 256) -> None:
+    def __init__(self, max_entries: int = 256, max_bytes: int = DEFAULT_KEY_CACHE_BYTES) -> None:
         if max_entries < 0:
             raise ValueError("max_entries must be >= 0")
+        if max_bytes < 0:
+            raise ValueError("max_bytes must be >= 0")
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.num_bytes = 0
         self.blocks_reused = 0
         self.blocks_hashed = 0
         self._entries: OrderedDict[tuple[int, int, bytes], tuple[bytes, list[int]]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def keys(self, packed: bytes, block_size: int, seed: int) -> list[int]:
         """chain_block_keys(packed, block_size, seed), reusing a cached prompt's common blocks.
         The list returned may be shared with the cache: do not modify it."""
         stride = 4 * block_size
         usable = len(packed) // stride * stride
-        if not self.max_entries or not usable:
+        if not self.max_entries or not self.max_bytes or not usable:
             keys = chain_block_keys(packed, block_size, seed)
             self.blocks_hashed += len(keys)
             return keys
@@ -106,17 +134,34 @@ class PrefixKeyCache:
             common = _common_blocks(packed, cached_packed, stride, min(usable, len(cached_packed)))
         if common * stride == usable:  # a prefix of the cached prompt (or the same prompt again): keep it
             keys = cached_keys if common == len(cached_keys) else cached_keys[:common]
+            self._entries.move_to_end(index)
         else:
             reused = cached_keys[:common] if common else []
             fresh = chain_block_keys(packed[common * stride : usable], block_size, reused[-1] if reused else seed)
             keys = reused + fresh
             self.blocks_hashed += len(fresh)
-            self._entries[index] = (packed[:usable], keys)
+            self._store(index, packed[:usable], keys)
         self.blocks_reused += common
-        self._entries.move_to_end(index)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
         return keys
+
+    def _store(self, index: tuple[int, int, bytes], packed: bytes, keys: list[int]) -> None:
+        """Keep (packed, keys) as index's entry, the newest; evict the oldest beyond the bounds."""
+        size = _entry_bytes(index, packed, keys)
+        if size > self.max_bytes:
+            return  # it alone would fill the cache: the cache keeps the smaller prompts it has
+        old = self._entries.pop(index, None)
+        if old is not None:
+            self.num_bytes -= _entry_bytes(index, *old)
+        while self._entries and (len(self._entries) >= self.max_entries or self.num_bytes + size > self.max_bytes):
+            oldest, entry = self._entries.popitem(last=False)  # room first: never over the budget
+            self.num_bytes -= _entry_bytes(oldest, *entry)
+        self._entries[index] = (packed, keys)
+        self.num_bytes += size
+
+
+def _entry_bytes(index: tuple[int, int, bytes], packed: bytes, keys: list[int]) -> int:
+    """An estimate of one entry's memory: its packed tokens, first block, keys and containers."""
+    return _ENTRY_OVERHEAD_BYTES + len(index[2]) + len(packed) + _KEY_BYTES * len(keys)
 
 
 def _common_blocks(a: bytes, b: bytes, stride: int, limit: int) -> int:

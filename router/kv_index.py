@@ -8,6 +8,9 @@ instead of walking a dict of a million ints (cache misses, a Python-level loop).
 router's own recent decisions, expiring after a TTL: thousands of keys, often a whole new
 prompt's worth per decision) stays a plain dict, so recording a decision costs dict stores, not
 a table insert per key; a decision walks it only when it holds the prompt's first key.
+
+Both layers are bounded: confirmed by each worker's max_blocks (oldest evicted first), predicted
+by max_predicted_bytes: past it, the predictions due to expire first go early.
 """
 
 from __future__ import annotations
@@ -26,6 +29,12 @@ from router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEven
 from router.mask_table import COMPILED_WALK, MaskTable, as_keys
 
 _INT_BYTES = sys.getsizeof(2**63)  # a 64-bit int object
+_PREDICTION_SLOT_BYTES = 40  # a key in a prediction's tuple: its slot, and its int when not shared
+_PREDICTED_ENTRY_BYTES = 160  # a key predicted at a worker: its expiry entry, its mask entry and int
+PREDICTED_KEY_BYTES = _PREDICTION_SLOT_BYTES + _PREDICTED_ENTRY_BYTES
+"""What a predicted key of a prompt new to the worker takes (a prompt predicted again, such as a
+shared system prompt, takes _PREDICTION_SLOT_BYTES a key for its tuple)."""
+DEFAULT_MAX_PREDICTED_BYTES = 32 * 1024 * 1024  # ~170k keys of new prompts: 650 of 4,096 tokens in 16-token blocks
 
 
 @dataclass(slots=True)
@@ -51,6 +60,7 @@ class IndexCounters:
     stored_unknown_parent: int = 0
     events_skipped_lora: int = 0
     events_skipped_medium: int = 0
+    predictions_evicted: int = 0  # dropped before their expiry to stay within max_predicted_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +70,7 @@ class IndexStats:
     num_keys: entries in both layers: confirmed keys plus predicted keys (a key in both layers
     counts in each; finding the overlap would cost a lookup per predicted key).
     approx_bytes: the confirmed table's array, the predicted dict, the workers' engine-hash and
-    expiry dicts, and the int objects in them.
+    expiry dicts, the predictions' key tuples, and the int objects in them.
     """
 
     num_keys: int
@@ -74,7 +84,10 @@ class KvIndex:
 
     Confirmed entries come from BlockStored/BlockRemoved/AllBlocksCleared; each worker keeps its
     engine-hash -> key map (capped at max_blocks, oldest evicted first). Predicted entries are the
-    router's own recent decisions and expire after predicted_ttl_s.
+    router's own recent decisions and expire after predicted_ttl_s; they take at most
+    max_predicted_bytes (estimated: PREDICTED_KEY_BYTES a key new to its worker, less for a key
+    predicted again): the predictions due to expire first are dropped early to make room, and
+    a prediction longer than max_predicted_keys keeps its leading keys.
     """
 
     def __init__(
@@ -82,6 +95,7 @@ class KvIndex:
         *,
         predicted_ttl_s: float = 2.0,
         default_max_blocks: int = 262_144,
+        max_predicted_bytes: int = DEFAULT_MAX_PREDICTED_BYTES,
         indexed_media: frozenset[str] | None = frozenset({"GPU"}),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -89,8 +103,12 @@ class KvIndex:
             raise ValueError("predicted_ttl_s must be > 0")
         if default_max_blocks < 1:
             raise ValueError("default_max_blocks must be >= 1")
+        if max_predicted_bytes < PREDICTED_KEY_BYTES:
+            raise ValueError(f"max_predicted_bytes must be >= {PREDICTED_KEY_BYTES} (one key)")
         self.predicted_ttl_s = predicted_ttl_s
         self.default_max_blocks = default_max_blocks
+        self.max_predicted_bytes = max_predicted_bytes
+        self.max_predicted_keys = max_predicted_bytes // PREDICTED_KEY_BYTES
         self.indexed_media = indexed_media
         self.counters = IndexCounters()
         self._clock = clock
@@ -102,6 +120,8 @@ class KvIndex:
         self._predicted: dict[int, int] = {}
         self._expiry_heap: list[tuple[float, int, str, Sequence[int]]] = []
         self._heap_seq = 0
+        self._num_heap_keys = 0  # keys of the predictions in the heap (their tuples)
+        self._num_predicted_entries = 0  # keys predicted per worker, summed (the expiry dicts)
 
     # -- workers -------------------------------------------------------------------------------
 
@@ -127,6 +147,7 @@ class KvIndex:
         worker = self._worker(worker_id)
         self.clear_worker(worker_id)
         _clear_bit(self._predicted, worker.predicted, worker.bit)
+        self._num_predicted_entries -= len(worker.predicted)
         del self._workers[worker_id]
         del self._worker_of_slot[worker.slot]
         heapq.heappush(self._free_slots, worker.slot)
@@ -232,19 +253,27 @@ class KvIndex:
         num_predicted: how many leading keys match() just reported predicted for this worker;
         their expiry is refreshed without touching the shared masks again. keys is kept until
         the prediction expires: pass a tuple (the collector does not track tuples of ints).
+        Only the first max_predicted_keys are kept (a prefix of a chain is a prediction too).
         """
         worker = self._worker(worker_id)
         if not keys:
             return None
+        if len(keys) > self.max_predicted_keys:
+            keys = tuple(keys[: self.max_predicted_keys])
         now = self._clock()
+        self._expire(now)
+        if self._evict_for(len(keys)):
+            num_predicted = 0  # what match() saw predicted may have gone with them
         expiry = now + (ttl_s if ttl_s is not None else self.predicted_ttl_s)
+        num_entries = len(worker.predicted)
         worker.predicted.update(zip(keys, repeat(expiry)))
+        self._num_predicted_entries += len(worker.predicted) - num_entries
         if num_predicted < len(keys):  # the rest are usually new to the worker: OR its bit in, in C
             masks, rest = self._predicted, keys[num_predicted:] if num_predicted else keys
             masks.update(zip(rest, map(or_, map(masks.get, rest, repeat(0)), repeat(worker.bit))))
         self._heap_seq += 1
         heapq.heappush(self._expiry_heap, (expiry, self._heap_seq, worker_id, keys))
-        self._expire(now)
+        self._num_heap_keys += len(keys)
         return expiry
 
     def withdraw_prediction(self, worker_id: str, keys: Sequence[int], expiry: float) -> int:
@@ -258,6 +287,7 @@ class KvIndex:
         gone = [key for key in keys if expiries.get(key) == expiry]
         for key in gone:
             del expiries[key]
+        self._num_predicted_entries -= len(gone)
         if gone:
             _clear_bit(self._predicted, gone, worker.bit)
         return len(gone)
@@ -265,20 +295,45 @@ class KvIndex:
     def _expire(self, now: float) -> None:
         heap = self._expiry_heap
         while heap and heap[0][0] <= now:
-            _, _, worker_id, keys = heapq.heappop(heap)
-            worker = self._workers.get(worker_id)
-            if worker is None:
-                continue
-            expiries = worker.predicted
-            if expiries.get(keys[-1], 0.0) > now:
-                # keys[-1] was predicted again since: that prompt began with all of these keys
-                # (chained keys name their whole prefix), and its own entry expires them later
-                continue
-            stale = list(compress(keys, map(ge, repeat(now), map(expiries.get, keys, repeat(math.inf)))))
-            if stale:
-                for key in stale:
-                    expiries.pop(key, None)
-                _clear_bit(self._predicted, stale, worker.bit)
+            self._retire(heapq.heappop(heap), now)
+
+    @property
+    def predicted_bytes(self) -> int:
+        """The predicted layer's estimated size, which max_predicted_bytes bounds."""
+        return _PREDICTION_SLOT_BYTES * self._num_heap_keys + _PREDICTED_ENTRY_BYTES * self._num_predicted_entries
+
+    def _evict_for(self, num_keys: int) -> int:
+        """Make room for a prediction of num_keys (before adding it, so the layer never exceeds
+        its budget even for a moment): drop the predictions due to expire first while it would
+        not fit. Returns how many went."""
+        heap = self._expiry_heap
+        evicted = 0
+        while heap and self.predicted_bytes + PREDICTED_KEY_BYTES * num_keys > self.max_predicted_bytes:
+            entry = heapq.heappop(heap)
+            self._retire(entry, entry[0])
+            evicted += 1
+        self.counters.predictions_evicted += evicted
+        return evicted
+
+    def _retire(self, entry: tuple[float, int, str, Sequence[int]], cutoff: float) -> None:
+        """Forget a popped prediction's keys whose expiry is at or before cutoff."""
+        _, _, worker_id, keys = entry
+        self._num_heap_keys -= len(keys)
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return
+        expiries = worker.predicted
+        if expiries.get(keys[-1], 0.0) > cutoff:
+            # keys[-1] was predicted again since: that prompt began with all of these keys
+            # (chained keys name their whole prefix), and its own entry expires them later
+            return
+        stale = list(compress(keys, map(ge, repeat(cutoff), map(expiries.get, keys, repeat(math.inf)))))
+        if stale:
+            num_entries = len(expiries)
+            for key in stale:
+                expiries.pop(key, None)
+            self._num_predicted_entries -= num_entries - len(expiries)
+            _clear_bit(self._predicted, stale, worker.bit)
 
     # -- lookup --------------------------------------------------------------------------------
 
@@ -310,7 +365,7 @@ class KvIndex:
         O(workers): the gateway exports it every health round."""
         blocks = {w: len(s.blocks) for w, s in self._workers.items()}
         predicted = {w: len(s.predicted) for w, s in self._workers.items()}
-        table_bytes = self._confirmed.nbytes + sys.getsizeof(self._predicted)
+        table_bytes = self._confirmed.nbytes + sys.getsizeof(self._predicted) + 8 * self._num_heap_keys
         for state in self._workers.values():
             table_bytes += sys.getsizeof(state.blocks) + sys.getsizeof(state.predicted)
         int_bytes = _INT_BYTES * (2 * sum(blocks.values()) + len(self._predicted) + 2 * sum(predicted.values()))

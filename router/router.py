@@ -3,6 +3,11 @@
 route() answers with a RouteTicket (router/ticket.py), the request's one handle until it ends; the
 gateway tells the router about its fleet (workers joining, leaving, failing, leaving rotation,
 scraped load) and reads stats() for its metrics. The index and load view stay inside.
+
+route() refuses, with a router.errors.RouteInputError (a ValueError), what it should not key: a
+prompt longer than its pool's max_model_len (before tokenizing where the length is known or
+bounded, always before hashing) and messages nested too deep. A tenant given a cache salt gets
+block keys of its own (docs/architecture.md, "Cache isolation").
 """
 
 from __future__ import annotations
@@ -56,15 +61,21 @@ class Router:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         key_cache: PrefixKeyCache | None = None,
+        max_model_lens: Mapping[str, int] | None = None,
+        tenant_cache_salts: Mapping[str, str] | None = None,
     ) -> None:
         """key_cache: recent prompts whose block keys are kept, so the next turn of a conversation
-        hashes only its new blocks (default: 256 prompts). index, load, key_cache: given by tests
-        and benchmarks that look inside; the gateway leaves them to the router."""
+        hashes only its new blocks (default: 256 prompts in 16 MiB). index, load, key_cache: given
+        by tests and benchmarks that look inside; the gateway leaves them to the router.
+        max_model_lens: pool -> the most prompt tokens its workers take (no limit for a pool not
+        named). tenant_cache_salts: tenant -> cache salt, for tenants whose block keys are their own."""
         self._index = index or KvIndex(clock=clock)
         self._load = load or LoadView(clock=clock)
         self._key_cache = key_cache if key_cache is not None else PrefixKeyCache()
         self._rules = rules
         self._tokenizers = dict(tokenizers or {})
+        self._max_model_lens = dict(max_model_lens or {})
+        self._cache_salts = dict(tenant_cache_salts or {})
         self._approximate = RoutingTokenizer.approximate()
         self._rng = rng or random.Random()
         self._pools: dict[str, list[WorkerSpec]] = {}
@@ -143,9 +154,10 @@ class Router:
         rule = self._rule_for(req)
         pool, specs = self._candidates(rule, req.model)
         tokenizer = self._tokenizers.get(req.model, self._approximate)
-        token_ids = self._tokenize(tokenizer, req)
+        token_ids = self._tokenize(tokenizer, req, self._max_model_lens.get(pool))
         num_prompt_tokens = len(token_ids)
-        keys_by_size = self._keys_by_block_size(token_ids, req.model, {s.block_size for s in specs})
+        seed = model_seed(req.model, self._cache_salts.get(req.tenant) if req.tenant else None)
+        keys_by_size = self._keys_by_block_size(token_ids, seed, {s.block_size for s in specs})
         matches = {size: self._index.match(keys) for size, keys in keys_by_size.items()}
         views = self._views(specs, matches)
         policy = self._policy(rule)
@@ -208,14 +220,14 @@ class Router:
                            + (f" or fallback {rule.fallback_pool!r}" if rule.fallback_pool else ""))
 
     @staticmethod
-    def _tokenize(tokenizer: RoutingTokenizer, req: RouteRequest) -> list[int]:
+    def _tokenize(tokenizer: RoutingTokenizer, req: RouteRequest, max_num_tokens: int | None) -> list[int]:
+        """The prompt's token ids; PromptTooLongError beyond max_num_tokens, InputTooDeepError."""
         if req.messages is not None:
-            return tokenizer.encode_chat(req.messages, tools=req.tools)
-        return tokenizer.encode_prompt(req.prompt)  # type: ignore[arg-type]
+            return tokenizer.encode_chat(req.messages, tools=req.tools, max_num_tokens=max_num_tokens)
+        return tokenizer.encode_prompt(req.prompt, max_num_tokens=max_num_tokens)  # type: ignore[arg-type]
 
-    def _keys_by_block_size(self, token_ids: list[int], model: str, sizes: set[int]) -> dict[int, list[int]]:
+    def _keys_by_block_size(self, token_ids: list[int], seed: int, sizes: set[int]) -> dict[int, list[int]]:
         packed = pack_tokens_u32le(token_ids)
-        seed = model_seed(model)
         return {size: self._key_cache.keys(packed, size, seed) for size in sizes}
 
     def _views(self, specs: list[WorkerSpec], matches: dict[int, dict[str, tuple[int, int]]]) -> list[WorkerView]:

@@ -1,4 +1,12 @@
-"""KV-event subscriber for one worker: ZMQ SUB on the event loop, sequence tracking, gap replay."""
+"""KV-event subscriber for one worker: ZMQ SUB on the event loop, sequence tracking, gap replay.
+
+Memory stays bounded whatever a worker (or an impostor on its port) sends: ZMQ drops the
+connection of a peer whose message exceeds max_message_bytes (ZMQ_MAXMSGSIZE, on the SUB and the
+replay socket) before reading it, and the subscriber connects again (libzmq does not after such a
+drop); a gap longer than max_replay_batches is not replayed but resynced (the worker's entries
+dropped, its stream followed from there); replayed batches are applied as they arrive, never
+collected.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +23,10 @@ from router.kv_index import KvIndex
 log = logging.getLogger(__name__)
 
 _END_SEQ = -1
+_RECONNECT_DELAY_S = 0.1  # libzmq's own reconnect interval (ZMQ_RECONNECT_IVL's default)
 _DRAIN_BATCHES = 32  # messages read in one turn of the event loop, at most (a few ms of work)
+DEFAULT_MAX_REPLAY_BATCHES = 10_000  # vLLM's replay buffer (buffer_steps); the bundled worker keeps <= 1,000
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # one frame; a step's batch is KBs, a 128k-token prefill < 1 MB
 
 
 @dataclass(slots=True)
@@ -27,9 +38,10 @@ class SubscriberCounters:
     gaps: int = 0
     replays: int = 0
     replayed_batches: int = 0
-    replay_failures: int = 0
+    replay_failures: int = 0  # gaps not filled (no replay socket, too long, replay failed): resyncs
     resets: int = 0
     decode_errors: int = 0
+    disconnects: int = 0  # the SUB's connection dropped (worker gone, or a message over max_message_bytes)
 
 
 class KvEventSubscriber:
@@ -37,8 +49,10 @@ class KvEventSubscriber:
 
     A gap in seq asks the replay socket (DEALER -> ROUTER: [b"", start seq]; replies
     [b"", seq, payload] until seq -1) for the missed batches; if replay is impossible or
-    incomplete the worker's confirmed entries are cleared. A seq at or below the last one means
-    the worker restarted: its entries are cleared before the batch is applied.
+    incomplete, or the gap is longer than max_replay_batches (more than the worker buffers), the
+    worker's confirmed entries are cleared (a resync). A seq at or below the last one means the
+    worker restarted: its entries are cleared before the batch is applied. A message over
+    max_message_bytes never arrives (ZMQ disconnects its sender, who is reconnected): a gap.
     """
 
     def __init__(
@@ -50,9 +64,17 @@ class KvEventSubscriber:
         replay_endpoint: str | None = None,
         topic: bytes = b"",
         replay_timeout_s: float = 1.0,
+        max_replay_batches: int = DEFAULT_MAX_REPLAY_BATCHES,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         context: zmq.asyncio.Context | None = None,
     ) -> None:
+        if max_replay_batches < 0:
+            raise ValueError("max_replay_batches must be >= 0")
+        if max_message_bytes < 1:
+            raise ValueError("max_message_bytes must be >= 1")
         self.worker_id = worker_id
+        self.max_replay_batches = max_replay_batches
+        self.max_message_bytes = max_message_bytes
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
         self.counters = SubscriberCounters()
@@ -66,12 +88,13 @@ class KvEventSubscriber:
 
     def start(self) -> asyncio.Task[None]:
         """Connect and run in a task on the current event loop; the SUB is connected on return."""
-        socket = self._context.socket(zmq.SUB)
-        socket.setsockopt(zmq.LINGER, 0)
+        socket = self._socket_of(zmq.SUB)
         socket.setsockopt(zmq.SUBSCRIBE, self._topic)
+        drops = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         socket.connect(self.endpoint)
         self._socket = socket
-        self._task = asyncio.get_running_loop().create_task(self._run(socket), name=f"kv-events-{self.worker_id}")
+        self._task = asyncio.get_running_loop().create_task(self._run(socket, drops),
+                                                            name=f"kv-events-{self.worker_id}")
         return self._task
 
     async def stop(self) -> None:
@@ -86,7 +109,32 @@ class KvEventSubscriber:
             self._socket.close()
             self._socket = None
 
-    async def _run(self, socket: zmq.asyncio.Socket) -> None:
+    async def _run(self, socket: zmq.asyncio.Socket, drops: zmq.asyncio.Socket) -> None:
+        """Receive and apply, while a second task reconnects the socket when its connection drops."""
+        reconnecting = asyncio.get_running_loop().create_task(self._reconnect_when_dropped(socket, drops))
+        try:
+            await self._receive(socket)
+        finally:
+            reconnecting.cancel()
+            await asyncio.gather(reconnecting, return_exceptions=True)
+            socket.disable_monitor()
+            drops.close()
+
+    async def _reconnect_when_dropped(self, socket: zmq.asyncio.Socket, drops: zmq.asyncio.Socket) -> None:
+        """libzmq reconnects after a network error but gives up on a connection it dropped for a
+        protocol error, such as a message over max_message_bytes: connect again, at its pace.
+        (What was missed meanwhile shows as a gap in seq.)"""
+        while True:
+            await drops.recv_multipart()  # one EVENT_DISCONNECTED
+            self.counters.disconnects += 1
+            await asyncio.sleep(_RECONNECT_DELAY_S)
+            try:
+                socket.disconnect(self.endpoint)
+            except zmq.ZMQError:
+                pass  # libzmq dropped the endpoint already
+            socket.connect(self.endpoint)
+
+    async def _receive(self, socket: zmq.asyncio.Socket) -> None:
         # The same socket without asyncio futures: messages that are already queued are read with
         # plain non-blocking receives (an awaited receive costs ~30 µs a message, this ~3), in runs
         # of at most _DRAIN_BATCHES before the loop gets a turn, so a burst cannot starve requests.
@@ -142,44 +190,63 @@ class KvEventSubscriber:
         self.counters.batches += 1
         self.counters.events_applied += self._index.apply(self.worker_id, batch.events)
 
-    async def _recover(self, start_seq: int, next_seq: int) -> None:
-        """Fill seqs [start_seq, next_seq) from the replay socket, else clear the worker."""
-        missed = await self._replay(start_seq) if self.replay_endpoint else None
-        wanted = [(s, p) for s, p in (missed or ()) if start_seq <= s < next_seq]
-        if [s for s, _ in wanted] != list(range(start_seq, next_seq)):
-            self.counters.replay_failures += 1
-            log.warning(
-                "worker %s: cannot replay seqs %d..%d; clearing its cache entries", self.worker_id, start_seq, next_seq - 1
-            )
-            self._index.clear_worker(self.worker_id)
-            return
-        self.counters.replays += 1
-        for _, payload in wanted:
-            if self._apply_payload(payload):
-                self.counters.replayed_batches += 1
-
-    async def _replay(self, start_seq: int) -> list[tuple[int, bytes]] | None:
-        """Ask the ROUTER replay socket for batches from start_seq; None on timeout or error."""
-        socket = self._context.socket(zmq.DEALER)
+    def _socket_of(self, kind: int) -> zmq.asyncio.Socket:
+        """A socket that closes at once and refuses messages over max_message_bytes."""
+        socket = self._context.socket(kind)
         socket.setsockopt(zmq.LINGER, 0)
-        batches: list[tuple[int, bytes]] = []
+        socket.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        return socket
+
+    async def _recover(self, start_seq: int, next_seq: int) -> None:
+        """Apply seqs [start_seq, next_seq) from the replay socket, else resync (clear the worker)."""
+        num_missed = next_seq - start_seq
+        if not self.replay_endpoint or num_missed > self.max_replay_batches:
+            self._resync(start_seq, next_seq, "no replay socket" if not self.replay_endpoint
+                         else f"more than max_replay_batches={self.max_replay_batches} missed")
+            return
+        if await self._replay(start_seq, next_seq):
+            self.counters.replays += 1
+            return
+        self._resync(start_seq, next_seq, "replay failed or incomplete")
+
+    def _resync(self, start_seq: int, next_seq: int, why: str) -> None:
+        """Forget what the worker holds: the stream goes on from next_seq."""
+        self.counters.replay_failures += 1
+        log.warning("worker %s: cannot replay seqs %d..%d (%s); clearing its cache entries",
+                    self.worker_id, start_seq, next_seq - 1, why)
+        self._index.clear_worker(self.worker_id)
+
+    async def _replay(self, start_seq: int, next_seq: int) -> bool:
+        """Ask the ROUTER replay socket for the batches from start_seq and apply them in order as
+        they arrive, up to next_seq; False on a missing seq, timeout or error (a resync follows,
+        so batches applied before it do no harm)."""
+        socket = self._socket_of(zmq.DEALER)
+        wanted = start_seq
         try:
             socket.connect(self.replay_endpoint)
             await socket.send_multipart([b"", encode_seq(start_seq)])
-            while True:
-                frames = await asyncio.wait_for(socket.recv_multipart(), self._replay_timeout_s)
-                if frames and frames[0] == b"" and len(frames) == 3:
-                    frames = frames[1:]
-                seq = decode_seq(frames[0])
-                if seq == _END_SEQ:
-                    return batches
-                batches.append((seq, frames[1]))
+            while wanted < next_seq:
+                seq, payload = _replayed(await asyncio.wait_for(socket.recv_multipart(), self._replay_timeout_s))
+                if seq == _END_SEQ or seq > wanted:
+                    return False  # the replay ended early, or skips a seq the worker no longer buffers
+                if seq == wanted:
+                    wanted += 1
+                    if self._apply_payload(payload):
+                        self.counters.replayed_batches += 1
+            return True
         except (asyncio.TimeoutError, zmq.ZMQError, KvEventDecodeError, IndexError) as exc:
             log.warning("worker %s: replay from seq %d failed: %r", self.worker_id, start_seq, exc)
-            return None
+            return False
         finally:
             socket.close()
 
     def _decode_error(self, message: str) -> None:
         self.counters.decode_errors += 1
         log.warning("worker %s: bad KV-event message: %s", self.worker_id, message)
+
+
+def _replayed(frames: list[bytes]) -> tuple[int, bytes]:
+    """(seq, payload) of one replay reply: [b"", seq, payload] (or without the empty frame)."""
+    if frames and frames[0] == b"" and len(frames) == 3:
+        frames = frames[1:]
+    return decode_seq(frames[0]), frames[1] if len(frames) > 1 else b""

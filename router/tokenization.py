@@ -1,4 +1,9 @@
-"""Routing tokenizer: the served model's tokenizer.json + chat template, or an approximate mode."""
+"""Routing tokenizer: the served model's tokenizer.json + chat template, or an approximate mode.
+
+It also refuses what it cannot or should not encode, before the work: messages or tools nested
+deeper than MAX_JSON_DEPTH (InputTooDeepError), and prompts longer than a given max_num_tokens
+(PromptTooLongError; text is measured against a cheap lower bound before it is tokenized).
+"""
 
 from __future__ import annotations
 
@@ -16,9 +21,16 @@ from tokenizers import Tokenizer
 
 from kvgate.chat_template import ChatTemplateError, compile_chat_template
 from router.block_keys import _U32_TYPECODE
+from router.errors import InputTooDeepError, PromptTooLongError
 
 _h128 = xxhash.xxh3_128_intdigest
 _SENTINEL = "a"  # any plain text: a first segment to drop again
+_APPROX_TOKEN_BYTES = 4  # approximate mode: one "token" per 4 bytes of UTF-8
+MAX_JSON_DEPTH = 64
+"""How deep messages and tools may nest objects/arrays (a chat message's content parts are 4 deep)."""
+# Unicode composition in a tokenizer's normalizer (NFC/NFKC) merges at most a few characters into
+# one (Hangul jamo: 3): the character bound allows for 4 before it refuses text untokenized
+_NORMALIZER_MERGE_CHARS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +77,7 @@ class RoutingTokenizer:
         )
         self._cache: OrderedDict[int, _CachedRender] = OrderedDict()
         self._cache_entries = prefix_cache_entries
+        self._max_token_chars: int | None = None  # the longest vocabulary entry, read on first use
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, *, prefix_cache_entries: int = 256) -> RoutingTokenizer:
@@ -96,16 +109,23 @@ class RoutingTokenizer:
             return _approximate_ids(text)
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
-    def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
+    def encode_prompt(self, prompt: str | Sequence[int], *, max_num_tokens: int | None = None) -> list[int]:
         """A completions prompt: text with special tokens added, or token ids as given (a list is
-        returned as is, not copied: callers only read it); a one-element batch is its element."""
+        returned as is, not copied: callers only read it); a one-element batch is its element.
+
+        max_num_tokens: PromptTooLongError for a longer prompt, found before encoding where the
+        length is known (token ids) or bounded (text, see max_num_tokens_fit), else after."""
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]  # a batch of one, as the worker reads it
         if not isinstance(prompt, str):
+            _check_num_tokens(len(prompt), max_num_tokens)
             return prompt if isinstance(prompt, list) else list(prompt)
+        self._check_text_fits(prompt, max_num_tokens)
         if self._tokenizer is None:
             return _approximate_ids(prompt)
-        return self._tokenizer.encode(prompt, add_special_tokens=True).ids
+        token_ids = self._tokenizer.encode(prompt, add_special_tokens=True).ids
+        _check_num_tokens(len(token_ids), max_num_tokens)
+        return token_ids
 
     def render_chat(
         self,
@@ -116,6 +136,8 @@ class RoutingTokenizer:
         **template_kwargs: Any,
     ) -> str:
         """The prompt text of messages, normalised as the worker renders them (see chat_messages)."""
+        check_depth(messages, "messages")
+        check_depth(tools, "tools")
         return self._render(chat_messages(messages), tools, add_generation_prompt, template_kwargs)
 
     def encode_chat(
@@ -123,11 +145,19 @@ class RoutingTokenizer:
         messages: Sequence[Mapping[str, Any]],
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        max_num_tokens: int | None = None,
         **template_kwargs: Any,
     ) -> list[int]:
-        """Token ids of the rendered conversation with the generation prompt, as the worker sees it."""
+        """Token ids of the rendered conversation with the generation prompt, as the worker sees it.
+
+        InputTooDeepError for messages or tools nested deeper than MAX_JSON_DEPTH; max_num_tokens:
+        PromptTooLongError for a longer conversation (the rendered text's bound first, as in
+        encode_prompt)."""
+        check_depth(messages, "messages")
+        check_depth(tools, "tools")
         messages = chat_messages(messages)
         text = self._render(messages, tools, True, template_kwargs)
+        self._check_text_fits(text, max_num_tokens)
         if self._tokenizer is None:
             return _approximate_ids(text)
         hashes = _message_hashes(messages, tools, template_kwargs)
@@ -139,7 +169,31 @@ class RoutingTokenizer:
             self._store(hashes[-1], text, token_ids, encoding.offsets, 0, 0, None)
             if len(messages) > 1 and self._cache_entries:
                 self._store_shared_head(messages[:-1], hashes[-2], text, encoding, tools, template_kwargs)
+        _check_num_tokens(len(token_ids), max_num_tokens)
         return token_ids
+
+    def max_num_tokens_fit(self, text: str, max_num_tokens: int) -> bool:
+        """False when text surely encodes to more than max_num_tokens, judged from its length alone.
+
+        A token covers at most max_token_chars characters (the longest vocabulary entry; allowing
+        for a normaliser's Unicode composition), so text has at least len(text) / that many
+        tokens. Approximate mode has no such bound (its 4-byte chunks are not the model's tokens),
+        so it never refuses text: the worker, which knows its tokenizer, does."""
+        if self._tokenizer is None:
+            return True
+        return len(text) <= max_num_tokens * self.max_token_chars * _NORMALIZER_MERGE_CHARS
+
+    @property
+    def max_token_chars(self) -> int:
+        """The most characters one token can stand for: the longest vocabulary entry (exact mode)."""
+        if self._max_token_chars is None:
+            vocab = self._tokenizer.get_vocab(with_added_tokens=True) if self._tokenizer else {}
+            self._max_token_chars = max(map(len, vocab), default=_APPROX_TOKEN_BYTES) or 1
+        return self._max_token_chars
+
+    def _check_text_fits(self, text: str, max_num_tokens: int | None) -> None:
+        if max_num_tokens is not None and not self.max_num_tokens_fit(text, max_num_tokens):
+            raise PromptTooLongError(max_num_tokens, None, num_chars=len(text))
 
     def _render(self, messages: list[Mapping[str, Any]], tools: Any, add_generation_prompt: bool,
                 template_kwargs: Mapping[str, Any]) -> str:
@@ -246,6 +300,31 @@ def _message_hashes(messages: Sequence[Mapping[str, Any]], tools: Any, template_
         digest = _h128(digest.to_bytes(16, "little") + _canonical(message))
         hashes.append(digest)
     return hashes
+
+
+def _check_num_tokens(num_tokens: int, max_num_tokens: int | None) -> None:
+    if max_num_tokens is not None and num_tokens > max_num_tokens:
+        raise PromptTooLongError(max_num_tokens, num_tokens)
+
+
+def check_depth(value: Any, field: str, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """InputTooDeepError when value nests dicts/lists/tuples more than max_depth levels (a scalar
+    is 0 levels, [] or {} one). Level by level, without recursion, so any depth is measured
+    safely; json.dumps, the template and str() below recurse and would exhaust the stack."""
+    level = [value] if isinstance(value, _CONTAINERS) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > max_depth:
+            raise InputTooDeepError(field, max_depth)
+        deeper = []
+        for item in level:
+            children = item.values() if isinstance(item, Mapping) else item
+            deeper += [child for child in children if isinstance(child, _CONTAINERS)]
+        level = deeper
+
+
+_CONTAINERS = (dict, list, tuple, Mapping)
 
 
 def _canonical(value: Any) -> bytes:

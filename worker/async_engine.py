@@ -3,6 +3,14 @@
 The HTTP handlers live on the event loop; model math must not. Requests and aborts cross to the
 engine thread through a queue; outputs cross back with call_soon_threadsafe. KV events gathered
 during a step are handed to the publisher once per step (it never blocks).
+
+Failures: a step the executor fails (engine.StepFailed) fails only the requests of that step
+(each gets RequestFailed, which the server answers with a 500) and the loop goes on serving; a
+bad request or a transient device error must not take the worker down. MAX_CONSECUTIVE_FAILED_STEPS
+failed steps in a row mean the device itself is broken (each failed step ended its requests, so
+the next step holds other ones), and any other exception means the engine's bookkeeping can no
+longer be trusted: then the loop stops, every waiter gets EngineShutDown, /health turns 503 and
+on_crash is called, which the worker CLI uses to exit non-zero so that its supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -15,10 +23,12 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Protocol, Sequence
 
-from worker.engine.engine import Engine, RequestOutput
+from worker.engine.engine import Engine, RequestOutput, StepFailed
 from worker.engine.sampling_params import SamplingParams
 
 log = logging.getLogger("kvgate.worker")
+
+MAX_CONSECUTIVE_FAILED_STEPS = 3
 
 
 class StepObserver(Protocol):
@@ -52,13 +62,25 @@ class EngineShutDown(RuntimeError):
     """The engine thread stopped (shutdown or a crash); no more requests are served."""
 
 
+class RequestFailed(RuntimeError):
+    """The step running this request failed and ended it; the engine serves other requests on."""
+
+
+class EngineCrashed(RuntimeError):
+    """Steps failed MAX_CONSECUTIVE_FAILED_STEPS times in a row: the device is not usable."""
+
+
 class AsyncEngine:
     """Thread-safe front of an Engine: `generate()` is an async iterator of RequestOutputs."""
 
     def __init__(self, engine: Engine, step_events: list | None = None, publisher: EventPublisher | None = None,
-                 observer: StepObserver | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        """step_events is the list the Engine's event_sink appends to; it is drained every step."""
+                 observer: StepObserver | None = None, clock: Callable[[], float] = time.monotonic,
+                 on_crash: Callable[[], None] | None = None) -> None:
+        """step_events is the list the Engine's event_sink appends to; it is drained every step.
+        on_crash is called on the engine thread once, if the loop stops for a crash."""
         self.engine = engine
+        self.on_crash = on_crash
+        self._num_failed_steps_in_a_row = 0
         self._events = step_events if step_events is not None else []
         self._publisher = publisher
         self._observer = observer
@@ -82,6 +104,11 @@ class AsyncEngine:
     @property
     def is_alive(self) -> bool:
         return self._thread.is_alive() and self._crash is None
+
+    @property
+    def crashed(self) -> bool:
+        """The loop stopped for an error, not for shutdown()."""
+        return self._crash is not None
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                        priority: int = 0) -> AsyncIterator[RequestOutput]:
@@ -128,6 +155,8 @@ class AsyncEngine:
         finally:
             self._fail_all(EngineShutDown(f"the engine stopped: {self._crash!r}" if self._crash else
                                           "the worker is shutting down"))
+        if self._crash is not None and self.on_crash is not None:
+            self.on_crash()
 
     def _drain_inbox(self) -> bool:
         """Apply queued adds and aborts; True if there were any."""
@@ -156,7 +185,12 @@ class AsyncEngine:
 
     def _step(self) -> None:
         step_start_s = self._clock()
-        outputs = self.engine.step()
+        try:
+            outputs = self.engine.step()
+        except StepFailed as failure:
+            self._fail_step(failure)
+            return
+        self._num_failed_steps_in_a_row = 0
         now = self._clock()
         for output in outputs:
             self._record_timing(output, step_start_s, now)
@@ -167,6 +201,19 @@ class AsyncEngine:
                 self._timings.pop(output.request_id, None)
             self._deliver(output)
         self._flush_events()
+
+    def _fail_step(self, failure: StepFailed) -> None:
+        """Fail the requests of a failed step; raise EngineCrashed after too many failures in a row."""
+        log.error("engine step failed; failing its %d requests", len(failure.request_ids), exc_info=failure.cause)
+        self._num_failed_steps_in_a_row += 1
+        for request_id in failure.request_ids:
+            self._timings.pop(request_id, None)
+            self._deliver_to(request_id, RequestFailed(str(failure)))
+        if self._observer is not None:
+            self._observer.on_step(self.engine, [], self._timings)  # gauges: the failed requests are gone
+        self._flush_events()
+        if self._num_failed_steps_in_a_row >= MAX_CONSECUTIVE_FAILED_STEPS:
+            raise EngineCrashed(f"{self._num_failed_steps_in_a_row} engine steps failed in a row") from failure
 
     def _flush_events(self) -> None:
         """One KV-event batch per step (and per burst of aborts between steps)."""

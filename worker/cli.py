@@ -1,4 +1,10 @@
-"""`kvgate worker`: builds model, executor, engine, KV-event publisher and HTTP app, then serves."""
+"""`kvgate worker`: builds model, executor, engine, KV-event publisher and HTTP app, then serves.
+
+The worker is meant to be reachable only from the gateway (HTTP on 127.0.0.1 by default, KV
+events on loopback unless an endpoint says otherwise): it trusts the x-priority header and does no
+authentication. It exits 1 when its engine stops for an error (see worker.async_engine), so that
+the supervisor (`kvgate up`) restarts it.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +14,12 @@ import sys
 from pathlib import Path
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 
 from worker.async_engine import AsyncEngine
 from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine
+from worker.executor.base import Executor
 from worker.metrics import WorkerMetrics
 from worker.model.default_model import DEFAULT_MODEL_SPEC, DEFAULT_SERVED_MODEL_NAME, resolve_model_path
 from worker.model.tokenizer import ModelTokenizer, load_tokenizer
@@ -23,6 +31,10 @@ log = logging.getLogger("kvgate.worker")
 # is far more than this, but routing experiments want caches that fill and evict.
 SIM_DEFAULT_NUM_BLOCKS = 8192
 SIM_DEFAULT_MAX_MODEL_LEN = 32768
+# How long an idle keep-alive connection stays open. Longer than the gateway keeps idle connections
+# to workers (gateway/upstream_http.py KEEPALIVE_EXPIRY_S, at most 4 s), so that the gateway, not
+# the worker, closes them: a request sent on a connection the worker is closing at that moment fails.
+DEFAULT_TIMEOUT_KEEP_ALIVE_S = 15.0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace, publisher) -> int:
-    """Load the model, start the engine loop and serve HTTP until uvicorn stops."""
+    """Load the model, start the engine loop and serve HTTP until uvicorn stops; 1 if the engine crashed."""
     try:
         model_dir = resolve_model_path(args.model)
         tokenizer = load_tokenizer(model_dir)
@@ -52,23 +64,54 @@ def _serve(args: argparse.Namespace, publisher) -> int:
     budget = {"max_num_batched_tokens": args.max_num_batched_tokens} if args.max_num_batched_tokens else {}
     config = EngineConfig(model_name=served_name, block_size=args.block_size, num_blocks=executor.num_blocks,
                           max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, **budget)
-    metrics = WorkerMetrics(served_name, executor.name)
+    state = build_state(executor, tokenizer, model_dir, config, publisher)
+    log.info("serving %s (%s executor, %d KV blocks of %d tokens) on http://%s:%d", served_name, executor.name,
+             executor.num_blocks, args.block_size, args.host, args.port)
+    try:
+        status = serve(uvicorn.Server(uvicorn_config(build_app(state), args)), state.engine)
+    finally:
+        state.engine.shutdown()
+    if status == 1:
+        print("kvgate worker: the engine stopped after an error; exiting so that it is restarted", file=sys.stderr)
+    return status
+
+
+def build_state(executor: Executor, tokenizer: ModelTokenizer, model_dir: Path, config: EngineConfig,
+                publisher=None) -> WorkerState:
+    """Engine, its loop (started) and metrics over an executor, as the HTTP handlers need them."""
+    metrics = WorkerMetrics(config.model_name, executor.name)
     step_events: list = []
     engine = Engine(executor, tokenizer.tokenizer, config, event_sink=step_events.append,
                     eos_token_ids=tokenizer.eos_token_ids)
     async_engine = AsyncEngine(engine, step_events, publisher=publisher, observer=metrics)
     async_engine.start()
-    state = WorkerState(engine=async_engine, tokenizer=tokenizer, served_model_name=served_name,
-                        model_root=str(model_dir), executor_name=executor.name, block_size=args.block_size,
-                        max_model_len=engine.max_model_len, metrics=metrics)
-    log.info("serving %s (%s executor, %d KV blocks of %d tokens) on http://%s:%d", served_name, executor.name,
-             engine.num_blocks, args.block_size, args.host, args.port)
-    try:
-        uvicorn.run(build_app(state), host=args.host, port=args.port, log_level="warning",
-                    timeout_graceful_shutdown=5)
-    finally:
-        async_engine.shutdown()
-    return 0
+    return WorkerState(engine=async_engine, tokenizer=tokenizer, served_model_name=config.model_name,
+                       model_root=str(model_dir), executor_name=executor.name, block_size=config.block_size,
+                       max_model_len=engine.max_model_len, metrics=metrics, num_token_ids=executor.vocab_size)
+
+
+def uvicorn_config(app, args: argparse.Namespace) -> uvicorn.Config:
+    """The HTTP server's settings: listen address and the idle keep-alive timeout (--timeout-keep-alive)."""
+    timeout_keep_alive_s = getattr(args, "timeout_keep_alive_s", None)  # None where the parser lacks it
+    if timeout_keep_alive_s is None:
+        timeout_keep_alive_s = DEFAULT_TIMEOUT_KEEP_ALIVE_S
+    return uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5,
+                          timeout_keep_alive=timeout_keep_alive_s)
+
+
+def serve(server: uvicorn.Server, engine: AsyncEngine) -> int:
+    """Serve until stopped (a signal, should_exit) or until the engine crashes.
+
+    Returns 0 after a stop, 1 after an engine crash, 3 (uvicorn's startup failure) if it never started."""
+    engine.on_crash = lambda: setattr(server, "should_exit", True)
+    if not engine.crashed:
+        try:
+            server.run()
+        except KeyboardInterrupt:  # uvicorn raises the Ctrl-C it caught once it has shut down
+            pass
+    if engine.crashed:
+        return 1
+    return 0 if server.started else STARTUP_FAILURE
 
 
 def _default_served_name(spec: str, model_dir: Path) -> str:
@@ -105,9 +148,13 @@ def _default_device() -> str:
 
 
 def _build_publisher(args: argparse.Namespace):
-    """The KV-event publisher, bound; OSError when its ports are taken, ValueError for an endpoint without one."""
+    """The KV-event publisher, bound (a bare port on 127.0.0.1); OSError when its ports are taken,
+    ValueError for an endpoint without a port. Binding elsewhere exposes prompts' token ids: logged."""
     if not args.kv_events_endpoint:
         return None
-    from worker.kv_publisher import KVEventPublisher
+    from worker.kv_publisher import KVEventPublisher, bind_endpoint, is_loopback
 
-    return KVEventPublisher(args.kv_events_endpoint, None, topic=f"kv-events.{args.worker_id or 'worker'}")
+    endpoint = bind_endpoint(args.kv_events_endpoint)
+    if not is_loopback(endpoint):
+        log.warning("KV events bind %s: anyone who can reach it reads every prompt's token ids", endpoint)
+    return KVEventPublisher(endpoint, None, topic=f"kv-events.{args.worker_id or 'worker'}")

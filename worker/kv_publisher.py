@@ -3,6 +3,12 @@
 Wire format (vLLM 0.32 ZmqEventPublisher): PUB multipart (topic, seq as 8-byte big-endian signed,
 msgpack [ts, events, data_parallel_rank]); events are maps tagged by "type". A ROUTER socket
 replays buffered batches from a start seq and ends with seq -1.
+
+Exposure: the events carry every tenant's prompt token ids, and neither socket authenticates its
+peers, so they bind to loopback unless told otherwise: a bare port binds 127.0.0.1 (bind_endpoint);
+a tcp://HOST:PORT on another interface (or `*`) exposes those token ids to anyone who can reach it,
+and is logged as such. The replay window is bounded: the last REPLAY_BUFFER_STEPS batches, and no
+more than REPLAY_BUFFER_BYTES of them (enough for a subscriber to fill a short gap, not a history).
 """
 
 from __future__ import annotations
@@ -25,6 +31,10 @@ from worker.engine.events import AllBlocksCleared, BlockRemoved, BlockStored, KV
 log = logging.getLogger(__name__)
 
 END_SEQ = -1  # the replay's final frame carries this seq and an empty payload
+DEFAULT_KV_EVENTS_HOST = "127.0.0.1"
+REPLAY_BUFFER_STEPS = 1_000
+REPLAY_BUFFER_BYTES = 16 << 20
+_LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
 _POLL_INTERVAL_S = 0.01  # how long the publisher thread waits for a batch before checking replay
 _WAKE = object()  # queued by close() so the thread notices at once
 
@@ -63,6 +73,21 @@ def encode_batch(ts: float, events: Sequence[KVEvent], data_parallel_rank: int |
                          use_bin_type=True)
 
 
+def bind_endpoint(spec: str) -> str:
+    """The endpoint to bind for a --kv-events-endpoint value: a bare PORT is tcp://127.0.0.1:PORT."""
+    spec = spec.strip()
+    return f"tcp://{DEFAULT_KV_EVENTS_HOST}:{spec}" if spec.isdigit() else spec
+
+
+def is_loopback(endpoint: str) -> bool:
+    """Whether only this machine can reach the endpoint (a loopback tcp host, or ipc/inproc)."""
+    scheme, _, rest = endpoint.partition("://")
+    if scheme != "tcp":
+        return scheme in ("ipc", "inproc")
+    host = rest.rpartition(":")[0]
+    return host.startswith("127.") or host in _LOOPBACK_HOSTS
+
+
 def default_replay_endpoint(endpoint: str) -> str:
     """The replay endpoint next to a tcp endpoint (kvgate.kv_endpoints: same host, port + 1)."""
     replay = replay_endpoint(endpoint)
@@ -85,9 +110,10 @@ class KVEventPublisher:
     """ZMQ PUB of KV-event batches plus a ROUTER replay socket; publish() never blocks.
 
     publish() stamps a seq and a timestamp and enqueues; a background thread, the only one that
-    touches the sockets, encodes, sends and keeps the last buffer_steps batches for replay. When
-    the queue holds max_queue_batches, the oldest queued batch is dropped (counted; its seq is
-    a gap). endpoint may use port * (the bound address is then in .endpoint after start).
+    touches the sockets, encodes, sends and keeps the last buffer_steps batches (at most
+    buffer_bytes of payload, the newest always) for replay. When the queue holds
+    max_queue_batches, the oldest queued batch is dropped (counted; its seq is a gap). endpoint
+    may use port * (the bound address is then in .endpoint after start).
     """
 
     def __init__(
@@ -95,9 +121,10 @@ class KVEventPublisher:
         endpoint: str,
         replay_endpoint: str | None = None,
         topic: str = "kv-events",
-        buffer_steps: int = 10_000,
+        buffer_steps: int = REPLAY_BUFFER_STEPS,
         data_parallel_rank: int | None = 0,
         *,
+        buffer_bytes: int = REPLAY_BUFFER_BYTES,
         medium: str = "GPU",
         max_queue_batches: int = 100_000,
         clock: Callable[[], float] = time.time,
@@ -105,6 +132,8 @@ class KVEventPublisher:
     ) -> None:
         if buffer_steps < 1:
             raise ValueError("kv_events.buffer_steps must be >= 1")
+        if buffer_bytes < 1:
+            raise ValueError("kv_events.buffer_bytes must be >= 1")
         if max_queue_batches < 1:
             raise ValueError("kv_events.max_queue_batches must be >= 1")
         self.endpoint = endpoint
@@ -115,7 +144,10 @@ class KVEventPublisher:
         self.medium = medium
         self._clock = clock
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue_batches)
-        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self._buffer: deque[tuple[int, bytes]] = deque()
+        self._buffer_steps = buffer_steps
+        self._buffer_bytes = buffer_bytes
+        self._num_buffered_bytes = 0
         self._next_seq = 0
         self._counts = {"batches_published": 0, "events_published": 0, "batches_dropped": 0,
                         "encode_errors": 0, "replay_requests": 0}
@@ -203,7 +235,7 @@ class KVEventPublisher:
     def _bind(self, pub: zmq.Socket, replay: zmq.Socket) -> None:
         pub.setsockopt(zmq.SNDHWM, 100_000)
         self.endpoint = _bind_socket(pub, self.endpoint, "KV-event")
-        replay.setsockopt(zmq.SNDHWM, (self._buffer.maxlen or 0) + 16)
+        replay.setsockopt(zmq.SNDHWM, self._buffer_steps + 16)
         self.replay_endpoint = _bind_socket(replay, self.replay_endpoint, "KV-event replay")
 
     def _loop(self, pub: zmq.Socket, replay: zmq.Socket) -> None:
@@ -229,9 +261,18 @@ class KVEventPublisher:
             self._counts["encode_errors"] += 1
             return
         pub.send_multipart((self._topic_bytes, encode_seq(seq), payload))
-        self._buffer.append((seq, payload))
+        self._keep_for_replay(seq, payload)
         self._counts["batches_published"] += 1
         self._counts["events_published"] += len(events)
+
+    def _keep_for_replay(self, seq: int, payload: bytes) -> None:
+        """Buffer a sent batch; drop the oldest past buffer_steps batches or buffer_bytes (keeping this one)."""
+        buffer = self._buffer
+        buffer.append((seq, payload))
+        self._num_buffered_bytes += len(payload)
+        while len(buffer) > 1 and (len(buffer) > self._buffer_steps
+                                   or self._num_buffered_bytes > self._buffer_bytes):
+            self._num_buffered_bytes -= len(buffer.popleft()[1])
 
     def _serve_replay(self, replay: zmq.Socket) -> None:
         """(identity, [b"",] start_seq) -> one (identity, [b"",] seq, payload) per batch >= start, then seq -1."""

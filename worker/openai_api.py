@@ -1,9 +1,17 @@
 """OpenAI request parsing for the worker: JSON body -> a validated GenerateRequest, or an ApiError.
 
 Accepts OpenAI's fields plus the vLLM extensions clients rely on (top_k, ignore_eos,
-stop_token_ids, priority, return_token_ids, continue_final_message, add_generation_prompt).
+stop_token_ids, return_token_ids, continue_final_message, add_generation_prompt).
 Unknown fields are ignored, as OpenAI and vLLM do; known fields with a wrong type or value, or
 asking for a feature this worker lacks (tools, logprobs, guided decoding...), get a 400 naming the field.
+
+Priority comes only from the x-priority header, which the gateway sets to the priority it admitted;
+the body's `priority` (vLLM's field) is accepted and ignored, since a client chose it.
+
+Limits (a 400 naming the field beyond them): at most MAX_STOP_STRINGS stop strings of at most
+MAX_STOP_STRING_CHARS characters each (the per-token stop check costs the longest one), at most
+MAX_STOP_TOKEN_IDS stop_token_ids; a body nested deeper than the JSON parser's recursion limit
+(about 1,000 levels) is a 400 too.
 """
 
 from __future__ import annotations
@@ -16,6 +24,8 @@ from kvgate.api_error import ApiError
 from worker.engine.sampling_params import SamplingParams
 
 MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +97,8 @@ def parse_json(body: bytes) -> dict[str, Any]:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "request body is nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object")
     return data
@@ -135,7 +147,7 @@ def _build(data: dict[str, Any], kind: str, header_priority: int | None, *, defa
     if stream_options is not None and not stream:
         raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
     stream_options = stream_options or {}
-    priority = _get(data, "priority", int, header_priority if header_priority is not None else 0)
+    priority = header_priority if header_priority is not None else 0  # never the body's: a client chose it
     return GenerateRequest(
         kind=kind,
         prompt_text=prompt_text,
@@ -188,22 +200,36 @@ def _sampling(data: dict[str, Any], max_tokens: int) -> SamplingParams:
         top_k = None  # vLLM: 0 / -1 mean "no top-k"
     if top_k is not None and top_k < 1:
         raise ApiError(400, f"top_k must be >= 1 (or -1 to disable), got {top_k}", param="top_k")
-    stop = data.get("stop")
-    stop_list = [stop] if isinstance(stop, str) else _list_of(stop, str, "stop") or []
-    stop_strings = tuple(s for s in stop_list if s)  # an empty stop string can never match: ignored
-    if len(stop_strings) > MAX_STOP_STRINGS:
-        raise ApiError(400, f"stop must be at most {MAX_STOP_STRINGS} strings", param="stop")
     return SamplingParams(
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
         seed=_get(data, "seed", int, None),
         max_tokens=max_tokens,
-        stop=stop_strings,
-        stop_token_ids=tuple(_list_of(data.get("stop_token_ids"), int, "stop_token_ids") or ()),
+        stop=_stop_strings(data.get("stop")),
+        stop_token_ids=_stop_token_ids(data.get("stop_token_ids")),
         ignore_eos=_get(data, "ignore_eos", bool, False),
         include_stop_str_in_output=_get(data, "include_stop_str_in_output", bool, False),
     )
+
+
+def _stop_strings(stop: Any) -> tuple[str, ...]:
+    """A string or a list of at most MAX_STOP_STRINGS strings of at most MAX_STOP_STRING_CHARS each."""
+    stop_list = [stop] if isinstance(stop, str) else _list_of(stop, str, "stop") or []
+    stop_strings = tuple(s for s in stop_list if s)  # an empty stop string can never match: ignored
+    if len(stop_strings) > MAX_STOP_STRINGS:
+        raise ApiError(400, f"stop must be at most {MAX_STOP_STRINGS} strings", param="stop")
+    if any(len(s) > MAX_STOP_STRING_CHARS for s in stop_strings):
+        raise ApiError(400, f"each stop string must be at most {MAX_STOP_STRING_CHARS} characters", param="stop")
+    return stop_strings
+
+
+def _stop_token_ids(value: Any) -> tuple[int, ...]:
+    """A list of at most MAX_STOP_TOKEN_IDS integers (counted before each is looked at)."""
+    if isinstance(value, list) and len(value) > MAX_STOP_TOKEN_IDS:
+        raise ApiError(400, f"stop_token_ids must be at most {MAX_STOP_TOKEN_IDS} token ids",
+                       param="stop_token_ids")
+    return tuple(_list_of(value, int, "stop_token_ids") or ())
 
 
 def _prompt(prompt: Any) -> tuple[str | None, tuple[int, ...] | None]:

@@ -2,6 +2,10 @@
 
 Handlers tokenize, submit to the AsyncEngine and shape OpenAI responses; a client that goes
 away aborts its request in the engine at once.
+
+A worker is meant to be reachable only from the gateway (it binds 127.0.0.1 by default): it
+trusts the `x-priority` header, which the gateway sets to the priority it admitted, and ignores
+any `priority` in the body, which only a client could have chosen. It does no authentication.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from kvgate.api_error import ApiError
-from worker.async_engine import AsyncEngine, EngineShutDown
+from worker.async_engine import AsyncEngine, EngineShutDown, RequestFailed
 from worker.engine.engine import RequestOutput
 from worker.metrics import WorkerMetrics
 from worker.model.tokenizer import ModelTokenizer
@@ -41,6 +45,7 @@ class WorkerState:
     block_size: int
     max_model_len: int
     metrics: WorkerMetrics
+    num_token_ids: int  # rows of the model's embedding: a prompt's token ids must be below this
     created_s: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
 
@@ -98,9 +103,8 @@ async def _generate(request: Request, kind: str) -> Response:
     state = _state(request)
     try:
         data = parse_json(await request.body())
-        header_priority = _header_priority(request)
         parse = parse_completion if kind == "completion" else parse_chat
-        req = parse(data, header_priority)
+        req = parse(data, _header_priority(request))
         _check_model(state, req.model)
         prompt_ids = _prompt_token_ids(state, req)
         req = _fit_context(state, req, len(prompt_ids))
@@ -124,6 +128,7 @@ async def _generate(request: Request, kind: str) -> Response:
 
 
 def _header_priority(request: Request) -> int | None:
+    """The priority the gateway admitted (lower = more urgent); None when the header is absent."""
     value = request.headers.get("x-priority")
     if value is None:
         return None
@@ -140,11 +145,18 @@ def _check_model(state: WorkerState, model: str | None) -> None:
 
 
 def _prompt_token_ids(state: WorkerState, req: GenerateRequest) -> list[int]:
-    tok = state.tokenizer
+    """The prompt as token ids the model has rows for (400 naming the prompt otherwise)."""
+    token_ids = _tokenize(state.tokenizer, req)
+    num_token_ids = state.num_token_ids  # the embedding's rows, not the tokenizer's vocabulary
+    if token_ids and max(token_ids) >= num_token_ids:
+        given = "" if req.prompt_token_ids is not None else "the tokenized "
+        raise ApiError(400, f"{given}prompt token ids must be < {num_token_ids} (the model's vocabulary size)",
+                       param="messages" if req.kind == "chat" else "prompt")
+    return token_ids
+
+
+def _tokenize(tok: ModelTokenizer, req: GenerateRequest) -> list[int]:
     if req.prompt_token_ids is not None:
-        vocab = tok.vocab_size
-        if max(req.prompt_token_ids) >= vocab:
-            raise ApiError(400, f"prompt token ids must be < vocabulary size {vocab}", param="prompt")
         return list(req.prompt_token_ids)
     if req.prompt_text is not None:
         return tok.encode(req.prompt_text, add_special_tokens=True)
@@ -182,8 +194,8 @@ async def _collect(outputs: AsyncIterator[RequestOutput]) -> tuple[str, RequestO
             last = output
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
-    except EngineShutDown as exc:
-        raise ApiError(503, str(exc), "service_unavailable") from None
+    except (EngineShutDown, RequestFailed) as exc:
+        raise _engine_error(exc) from None
     assert last is not None
     return "".join(text), last
 
@@ -218,11 +230,18 @@ async def _sse(shaper: "_Shaper", outputs: AsyncIterator[RequestOutput]) -> Asyn
                 yield _event(chunk)
     except ValueError as exc:
         yield _event(ApiError(400, str(exc)).body())
-    except EngineShutDown as exc:
-        yield _event(ApiError(503, str(exc), "service_unavailable").body())
+    except (EngineShutDown, RequestFailed) as exc:
+        yield _event(_engine_error(exc).body())
     finally:
         await outputs.aclose()
     yield b"data: [DONE]\n\n"
+
+
+def _engine_error(exc: EngineShutDown | RequestFailed) -> ApiError:
+    """503 when the engine stopped (try another worker); 500 when the step running the request failed."""
+    if isinstance(exc, EngineShutDown):
+        return ApiError(503, str(exc), "service_unavailable")
+    return ApiError(500, str(exc), "server_error")
 
 
 def _event(payload: dict[str, Any]) -> bytes:

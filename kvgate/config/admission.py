@@ -1,5 +1,6 @@
 """The admission sections: tenants (`tenants.<name>`), each pool's admission and prices
-(`pools.<name>.admission`, `pools.<name>.prices`). docs/admission.md explains every knob."""
+(`pools.<name>.admission`, `pools.<name>.prices`). docs/admission.md explains every knob;
+a tenant's cache_isolation is routing's (docs/architecture.md, "Cache isolation")."""
 
 from __future__ import annotations
 
@@ -25,11 +26,21 @@ class TenantConfig:
     tokens_burst: float | None = None  # default: one minute's worth
     max_concurrency: int | None = None  # requests in flight (per gateway replica: max / redis.replicas)
     deadline_ms: float | None = None  # when the client sends no x-request-deadline-ms
+    cache_isolation: bool | str = False  # true (or a salt shared by tenants who may share): keys of its own
 
     def __post_init__(self) -> None:
         for name in ("weight", "requests_per_s", "requests_burst", "tokens_per_min", "tokens_burst",
                      "max_concurrency", "deadline_ms"):
             check_positive(getattr(self, name), name)
+        if not isinstance(self.cache_isolation, (bool, str)) or self.cache_isolation == "":
+            raise ConfigError("cache_isolation", "must be true, false or a non-empty salt string")
+
+    def cache_salt(self, tenant: str) -> str | None:
+        """The salt of this tenant's block keys: None (shared with everyone), the tenant's name
+        (cache_isolation: true) or the string given (tenants with the same string share)."""
+        if self.cache_isolation is False:
+            return None
+        return tenant if self.cache_isolation is True else self.cache_isolation
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,9 +104,25 @@ def _convert_optional(tp: Any, value: Any, path: str, env: Mapping[str, str]) ->
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     if value is None:
         return None
-    if len(args) != 1:
+    if len(args) == 1:
+        return _convert(args[0], value, path, env)
+    if not all(a in _SCALAR_NAMES for a in args):
         raise TypeError(f"unsupported config type {tp}")
-    return _convert(args[0], value, path, env)
+    return _convert_scalar_union(args, value, path)
+
+
+_SCALAR_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+
+
+def _convert_scalar_union(args: list[Any], value: Any, path: str) -> Any:
+    """A union of scalar types (e.g. bool | str): the first of them, in order, that value converts to."""
+    for tp in args:
+        try:
+            return _convert_scalar(tp, value, path)
+        except ConfigError:
+            continue
+    expected = " or ".join(_SCALAR_NAMES[a] for a in args)
+    raise ConfigError(path, f"expected {expected}, got {_type_name(value)}")
 
 
 def _convert_scalar(tp: Any, value: Any, path: str) -> Any:

@@ -118,6 +118,28 @@ class LaunchConfig:
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
             check_positive(getattr(self, name), name)
 
+    @property
+    def max_model_len_bound(self) -> int | None:
+        """The most prompt tokens the launched worker can take, when this section says: it holds
+        at most num_blocks * block_size tokens, and no more than a --max-model-len in extra_args.
+        None when neither is given (the worker reads it from its model)."""
+        bounds = [self.num_blocks * self.block_size] if self.num_blocks is not None else []
+        flag = _flag_value(self.extra_args, "--max-model-len")
+        if flag is not None and flag.isdigit() and int(flag) > 0:
+            bounds.append(int(flag))
+        return min(bounds, default=None)
+
+
+def _flag_value(args: tuple[str, ...], flag: str) -> str | None:
+    """The value of `flag VALUE` or `flag=VALUE` in a command line; the last one wins, as in argparse."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1 :]
+    return value
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
@@ -230,10 +252,20 @@ class RoutingConfig:
 
     policies_file: str | None = None
     policies_watch_interval_s: float = 1.0
-    debug_header: bool = True
+    debug_header: bool = False  # x-kvgate-route for every tenant
+    debug_header_tenants: tuple[str, ...] = ()  # ... or only for these
 
     def __post_init__(self) -> None:
         check_positive(self.policies_watch_interval_s, "policies_watch_interval_s")
+        for i, tenant in enumerate(self.debug_header_tenants):
+            if not NAME.match(tenant):
+                raise ConfigError(f"debug_header_tenants[{i}]", "must be letters, digits, '.', '_' or '-'")
+
+    def debug_header_for(self, tenant: str | None) -> bool:
+        """Whether responses to tenant carry x-kvgate-route. Off unless asked for: it says how
+        much of a prompt the router believes cached, which tells a tenant about other tenants'
+        prompts, so keep it to operators' tenants (debug_header_tenants)."""
+        return self.debug_header or tenant in self.debug_header_tenants
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,12 +287,23 @@ class PoolConfig:
     tokenizer: str | None = None
     admission: PoolAdmissionConfig = field(default_factory=PoolAdmissionConfig)
     prices: PricesConfig = field(default_factory=PricesConfig)
+    max_model_len: int | None = None  # the most prompt tokens routed here; default: see prompt_token_limit
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ConfigError("model", "must be a non-empty string")
         if not self.workers:
             raise ConfigError("workers", "at least one worker is required")
+        check_positive(self.max_model_len, "max_model_len")
+
+    def prompt_token_limit(self) -> int | None:
+        """The longest prompt (in tokens) the router lets into this pool: max_model_len, else the
+        largest any worker's launch section allows when every worker has one that says (see
+        LaunchConfig.max_model_len_bound), else None (no limit before the workers' own)."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        bounds = [w.launch.max_model_len_bound if w.launch else None for w in self.workers]
+        return None if None in bounds else max(bounds)  # type: ignore[type-var]
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +371,16 @@ class KvgateConfig:
             if key.tenant not in self.tenants:
                 raise ConfigError(f"auth.keys[{i}].tenant",
                                   f"unknown tenant {key.tenant!r} (tenants: {', '.join(self.tenants)})")
+        known = {*self.tenants, self.auth.dev_tenant}
+        for i, tenant in enumerate(self.routing.debug_header_tenants):
+            if tenant not in known:
+                raise ConfigError(f"routing.debug_header_tenants[{i}]",
+                                  f"unknown tenant {tenant!r} (tenants: {', '.join(sorted(known))})")
+
+    def cache_salts(self) -> dict[str, str]:
+        """tenant -> cache salt, for the tenants with cache_isolation (TenantConfig.cache_salt)."""
+        salts = {name: tenant.cache_salt(name) for name, tenant in self.tenants.items()}
+        return {name: salt for name, salt in salts.items() if salt is not None}
 
     def launched_workers(self) -> list[WorkerConfig]:
         return [w for pool in self.pools.values() for w in pool.workers if w.launch is not None]

@@ -27,6 +27,7 @@ from tests.conftest import free_port_pair
 from tests.processes import running, worker_process
 from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine
+from worker.engine.events import AllBlocksCleared
 from worker.engine.sampling_params import SamplingParams
 from worker.kv_publisher import KVEventPublisher
 
@@ -62,9 +63,24 @@ class Subscriber:
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
         self.socket.connect(endpoint)
 
-    def receive_until_quiet(self, quiet_s: float = 0.5) -> list[tuple[int, list[dict]]]:
-        messages = []
-        while self.socket.poll(int(quiet_s * 1000)):
+    def probe_until_subscribed(self, publisher: KVEventPublisher, timeout_s: float = 5.0) -> int:
+        """Publish AllBlocksCleared (harmless: nothing is cached yet) until one arrives here, so
+        the subscription has reached the publisher; returns how many probes were published (the
+        first received is left to read)."""
+        deadline = time.monotonic() + timeout_s
+        num_probes = 0
+        while True:
+            publisher.publish([AllBlocksCleared()])
+            num_probes += 1
+            if self.socket.poll(50):
+                return num_probes
+            assert time.monotonic() < deadline, "the subscription never reached the publisher"
+
+    def receive_through(self, last_seq: int, timeout_s: float = 10.0) -> list[tuple[int, list[dict]]]:
+        """Messages up to and including seq last_seq (each arriving within timeout_s)."""
+        messages: list[tuple[int, list[dict]]] = []
+        while not messages or messages[-1][0] < last_seq:
+            assert self.socket.poll(int(timeout_s * 1000)), f"no message after {messages[-1:]}"
             messages.append(decode_message(self.socket.recv_multipart()))
         return messages
 
@@ -106,7 +122,9 @@ def engine_with_publisher(tiny_llama_dir):
     publisher.close()
 
 
-def run_requests(engine: Engine, events: list, publisher: KVEventPublisher, prompts: list[list[int]]) -> None:
+def run_requests(engine: Engine, events: list, publisher: KVEventPublisher, prompts: list[list[int]]) -> int:
+    """Serve prompts, publishing each step's events; returns how many batches were published."""
+    num_batches = 0
     for i, prompt in enumerate(prompts):
         engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
         while engine.has_unfinished():
@@ -114,6 +132,15 @@ def run_requests(engine: Engine, events: list, publisher: KVEventPublisher, prom
             if events:
                 publisher.publish(list(events))
                 events.clear()
+                num_batches += 1
+    return num_batches
+
+
+def until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
 
 
 PROMPTS = [[(7 * i + j) % 300 + 5 for j in range(10 + 3 * i)] for i in range(12)]
@@ -123,14 +150,14 @@ PROMPTS += [PROMPTS[0] + [9, 9, 9, 9], PROMPTS[3][:8] + [11] * 9]  # shared pref
 def test_replaying_published_events_reproduces_the_engines_cached_blocks(engine_with_publisher):
     engine, events, publisher = engine_with_publisher
     subscriber = Subscriber(publisher.endpoint)
-    time.sleep(0.3)  # let the SUB connect before anything is published (late joiners use replay)
     try:
-        run_requests(engine, events, publisher, PROMPTS)
-        messages = subscriber.receive_until_quiet()
+        num_probes = subscriber.probe_until_subscribed(publisher)  # (late joiners use replay)
+        num_published = num_probes + run_requests(engine, events, publisher, PROMPTS)
+        messages = subscriber.receive_through(num_published - 1)
     finally:
         subscriber.close()
     seqs = [seq for seq, _ in messages]
-    assert seqs == list(range(len(seqs)))
+    assert seqs[0] < num_probes and seqs == list(range(seqs[0], num_published))
     cached: set[int] = set()
     for _, batch in messages:
         apply(cached, batch)
@@ -140,8 +167,8 @@ def test_replaying_published_events_reproduces_the_engines_cached_blocks(engine_
 
 def test_a_subscriber_that_missed_batches_recovers_them_by_replay(engine_with_publisher):
     engine, events, publisher = engine_with_publisher
-    run_requests(engine, events, publisher, PROMPTS[:6])  # nobody listening: all missed
-    time.sleep(0.3)
+    num_batches = run_requests(engine, events, publisher, PROMPTS[:6])  # nobody listening: all missed
+    until(lambda: publisher.stats().batches_published == num_batches)  # sent, so buffered for replay
     batches = replay(publisher.replay_endpoint, 0)
     assert [seq for seq, _ in batches] == list(range(len(batches)))
     cached: set[int] = set()
@@ -150,6 +177,18 @@ def test_a_subscriber_that_missed_batches_recovers_them_by_replay(engine_with_pu
     assert cached == set(engine.block_manager.cached_block_keys())
     later = replay(publisher.replay_endpoint, 2)
     assert [seq for seq, _ in later] == list(range(2, len(batches)))
+
+
+async def until_subscribed(client, url: str, subscriber: KvEventSubscriber, timeout_s: float = 30.0) -> None:
+    """Serve distinct warm-up prompts until the subscriber has applied one of the worker's batches:
+    its subscription has reached the worker, so what follows arrives from its first batch."""
+    deadline = time.monotonic() + timeout_s
+    attempt = 0
+    while subscriber.counters.batches == 0:
+        assert time.monotonic() < deadline, "no KV event reached the subscriber"
+        await client.post(f"{url}/v1/completions", json={
+            "model": "tiny", "prompt": f"warm-up number {attempt} " * 3, "max_tokens": 1, "temperature": 0})
+        attempt += 1  # (awaiting the answer gave the subscriber's task its turns to read)
 
 
 @pytest.mark.slow
@@ -173,8 +212,8 @@ def test_router_keys_for_a_chat_equal_the_keys_a_real_worker_publishes(tiny_llam
         endpoint = f"tcp://127.0.0.1:{kv_port}"
         subscriber = KvEventSubscriber("w0", index, endpoint, replay_endpoint=replay_endpoint(endpoint))
         subscriber.start()
-        await asyncio.sleep(0.3)
         async with httpx.AsyncClient(timeout=60) as client:
+            await until_subscribed(client, url, subscriber)
             response = await client.post(f"{url}/v1/chat/completions", json={
                 "model": "tiny", "messages": messages, "max_tokens": 3, "temperature": 0, "return_token_ids": True})
             assert response.json()["prompt_token_ids"] == token_ids  # router and worker tokenize alike

@@ -48,6 +48,7 @@ def gateway_config(workers: list[dict], model_dir: Path | None, **sections) -> d
                      "max_retries": 2},
         "health": {"interval_s": 0.5, "timeout_s": 1.0},
         "breaker": {"fail_max": 3, "reset_timeout_s": 30.0},
+        "routing": {"debug_header": True},  # tests read x-kvgate-route (off by default)
     }
     for key, value in sections.items():
         config[key] = {**config.get(key, {}), **value}

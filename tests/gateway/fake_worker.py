@@ -1,11 +1,17 @@
 """A worker that fails on purpose, for gateway fault tests.
 
 usage: fake_worker.py PORT MODE
-  (MODE: status503 | hang | hang_after_headers | hang_first | answer | slow | hold | trickle | stall_mid_stream)
+  (MODE: status503 | status500 | status429 | hang | hang_after_headers | hang_first | answer | slow | hold |
+   trickle | stall_mid_stream | fail_twice_then_trickle | error_before_token | finish_without_usage |
+   tool_call)
 answer streams a one-token completion at once; slow does the same after SLOW_FIRST_TOKEN_S; hold
 answers its first token at once and finishes after HOLD_S (a request that takes a while to serve);
 hang_first hangs after the headers on its first request and answers the others;
 trickle streams a token every 0.1 s for a minute; stall_mid_stream sends two tokens, then nothing;
+status500 / status429 answer that status; fail_twice_then_trickle answers 503 twice, then trickles;
+error_before_token answers 200 and streams an error event before any token; finish_without_usage
+streams two tokens, the last with its finish reason, then ends the stream (no usage, no [DONE]);
+tool_call streams a chat answer that calls get_weather, its arguments in two deltas, with logprobs;
 GET /calls counts requests ("generate") and streams (trickle, hang_after_headers, hang_first) cut off by the
 client ("cancelled"); GET /requests lists every request's headers and JSON body, in order.
 /health always answers 200 so the worker stays in rotation: only the breaker, the timeouts
@@ -32,13 +38,23 @@ received: list[dict] = []
 async def generate(request: Request) -> Response:
     calls["generate"] += 1
     received.append({"headers": dict(request.headers), "body": json.loads(await request.body() or b"null")})
-    if MODE == "status503":
+    if MODE == "status503" or (MODE == "fail_twice_then_trickle" and calls["generate"] <= 2):
         return JSONResponse({"error": {"message": "overloaded", "type": "service_unavailable"}}, status_code=503)
+    if MODE in ("status500", "status429"):
+        status = int(MODE.removeprefix("status"))
+        return JSONResponse({"error": {"message": f"status {status}", "type": "server_error"}}, status_code=status)
+    if MODE == "error_before_token":
+        return StreamingResponse(iter([event({"error": {"message": "engine failed", "type": "server_error",
+                                                         "code": 500}})]), media_type="text/event-stream")
+    if MODE == "tool_call":
+        return StreamingResponse(iter(tool_call_chunks()), media_type="text/event-stream")
+    if MODE == "finish_without_usage":
+        return StreamingResponse(iter([token("hi"), token(" there", "stop")]), media_type="text/event-stream")
     if MODE == "hang":
         await asyncio.sleep(3600)
     if MODE in ("answer", "slow", "hold") or (MODE == "hang_first" and calls["generate"] > 1):
         return StreamingResponse(one_token_answer(), media_type="text/event-stream")
-    if MODE in ("trickle", "stall_mid_stream"):
+    if MODE in ("trickle", "stall_mid_stream", "fail_twice_then_trickle"):
         return StreamingResponse(tokens(), media_type="text/event-stream")
 
     async def nothing():
@@ -72,6 +88,22 @@ async def one_token_answer():
         yield token("hi", "length")
     yield event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
     yield b"data: [DONE]\n\n"
+
+
+def tool_call_chunks() -> list[bytes]:
+    def chunk(delta: dict, finish_reason: str | None = None, logprob: float | None = None) -> bytes:
+        logprobs = None if logprob is None else {"content": [{"token": "x", "logprob": logprob, "top_logprobs": []}]}
+        return event({"object": "chat.completion.chunk",
+                      "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]})
+
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}
+    return [chunk({"role": "assistant", "content": ""}),
+            chunk({"tool_calls": [call]}, logprob=-0.5),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}, logprob=-0.25),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}, logprob=-0.125),
+            chunk({}, "tool_calls"),
+            event({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}),
+            b"data: [DONE]\n\n"]
 
 
 async def tokens():

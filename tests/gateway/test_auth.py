@@ -7,8 +7,10 @@ import time
 
 import httpx
 import pytest
+from starlette.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
 
-from gateway.auth import KeyStore
+from gateway.auth import AuthMiddleware, KeyStore
 from kvgate.config import ApiKeyConfig, AuthConfig
 from kvgate.keys import generate_key, hash_key
 from tests.gateway.conftest import API_KEY, MODEL, metric_value
@@ -111,3 +113,35 @@ def test_a_key_created_in_redis_is_accepted_by_a_gateway_using_that_redis(gatewa
         assert bad.status_code == 401
         assert httpx.get(f"{gateway.url}/ready").json() == {"status": "ready"}
     redis.Redis.from_url(url).delete("kvgate:api_keys")
+
+
+WS_KEY = "kvg-websocket-key"
+
+
+async def tenant_echo(scope, receive, send) -> None:
+    """The app behind auth: accepts any WebSocket and sends it the tenant auth found."""
+    assert scope["type"] == "websocket"
+    await receive()  # websocket.connect
+    await send({"type": "websocket.accept"})
+    await send({"type": "websocket.send", "text": scope["state"]["tenant"]})
+    await send({"type": "websocket.close", "code": 1000})
+
+
+@pytest.fixture()
+def ws_client() -> TestClient:
+    store = KeyStore(AuthConfig(keys=(ApiKeyConfig("team-w", hash_key(WS_KEY)),), dev_key_env=None), {})
+    return TestClient(AuthMiddleware(tenant_echo, store))
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/health"])
+@pytest.mark.parametrize("headers", [{}, {"x-api-key": "wrong"}], ids=["no-key", "wrong-key"])
+def test_a_websocket_without_a_valid_key_is_refused_before_it_is_accepted(ws_client, headers, path):
+    with pytest.raises(WebSocketDisconnect) as refused:
+        with ws_client.websocket_connect(path, headers=headers):
+            pass
+    assert refused.value.code == 1008  # policy violation (a server answers the handshake 403)
+
+
+def test_a_websocket_with_a_valid_key_reaches_the_app_as_its_tenant(ws_client):
+    with ws_client.websocket_connect("/v1/chat/completions", headers={"Authorization": f"Bearer {WS_KEY}"}) as ws:
+        assert ws.receive_text() == "team-w"

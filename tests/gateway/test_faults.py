@@ -88,16 +88,14 @@ def test_hanging_worker_times_out_before_the_first_byte_and_the_request_is_retri
                                 outliers={"enabled": False})
         config["pools"]["default"]["policy"] = {"type": "round_robin"}
         gateway = start_gateway(stack, config, tmp_path)
-        slow = 0
         for i in range(4):
-            started = time.monotonic()
             response = httpx.post(f"{gateway.url}/v1/completions", headers=AUTH, timeout=30,
                                   json={"model": MODEL, "prompt": f"hello {i}", "max_tokens": 2, "stream": True})
-            assert response.status_code == 200
+            assert response.status_code == 200 and response.headers["x-kvgate-worker"] == "good"
             assert "data: [DONE]" in response.text
-            slow += time.monotonic() - started >= 1.0
-        assert slow >= 1
-        assert metric_value(gateway.url, "kvgate_upstream_attempts_total", worker="hang", outcome="error") == slow
+        hung = httpx.get(f"{hang.url}/calls").json()["generate"]
+        assert hung >= 1  # round robin sent it some; each timed out before its first byte and was retried
+        assert metric_value(gateway.url, "kvgate_upstream_attempts_total", worker="hang", outcome="error") == hung
 
 
 def test_a_worker_slow_for_its_work_is_ejected_and_its_peers_are_not(tmp_path):
@@ -117,8 +115,9 @@ def test_a_worker_slow_for_its_work_is_ejected_and_its_peers_are_not(tmp_path):
                                        json={"model": MODEL, "prompt": f"p{i}", "max_tokens": 1})
                 assert response.status_code == 200 and response.json()["choices"][0]["text"] == "hi"
                 served.append(response.headers["x-kvgate-worker"])
-        assert served.count("slow") == 3  # its third answer (1 s: slowness ~5, peers ~1) ejected it
-        assert "slow" not in served[9:]
+        # its third answer (1 s: slowness ~5, peers ~1) ejects it; a loaded machine may slow the peers a little
+        assert 3 <= served.count("slow") <= 5
+        assert "slow" not in served[-6:]
         assert metric_value(gateway.url, "kvgate_worker_ejections_total", worker="slow") == 1
         assert metric_value(gateway.url, "kvgate_worker_ejections_total") == 1
 
@@ -132,7 +131,7 @@ def test_a_client_that_goes_away_cancels_the_upstream_request_at_once(tmp_path, 
         if stream:
             with httpx.stream("POST", f"{gateway.url}/v1/completions", headers=AUTH, json=body, timeout=10) as response:
                 data = (line for line in response.iter_lines() if line.startswith("data: "))
-                assert [next(data), next(data)]  # two tokens arrived; leaving the block closes the connection
+                assert all('"text": " t' in next(data) for _ in range(2))  # two tokens; leaving closes the connection
         else:
             with pytest.raises(httpx.ReadTimeout):  # the whole answer would take a minute
                 httpx.post(f"{gateway.url}/v1/completions", headers=AUTH, json=body, timeout=0.5)

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
 
+from gateway.app import build_middleware
+from gateway.auth import KeyStore
+from kvgate.config import AuthConfig, LimitsConfig
 from tests.gateway.conftest import API_KEY, MODEL
 
 pytestmark = pytest.mark.slow  # every test runs against the process fleet
@@ -27,6 +34,34 @@ def test_oversized_body_gets_413(fleet):
 def test_too_many_headers_get_431(fleet):
     headers = {f"x-filler-{i}": "1" for i in range(150)}
     assert post(fleet["gateway"].url, b"{}", headers).status_code == 431
+
+
+OVERSIZED_HEADERS = pytest.mark.parametrize(
+    "headers", [{f"x-filler-{i}": "1" for i in range(150)}, {"x-filler": "x" * (17 * 1024)}],
+    ids=["too-many", "too-large"])
+
+
+@OVERSIZED_HEADERS
+def test_oversized_headers_get_431_before_auth_or_trace_context_run(fleet, headers):
+    """No 401 for the missing key, and no request id or trace context made for the request."""
+    response = httpx.post(f"{fleet['gateway'].url}/v1/chat/completions", content=b"{}", timeout=30,
+                          headers={"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                                   **headers})
+    assert response.status_code == 431
+    assert "x-request-id" not in response.headers and "traceparent" not in response.headers
+
+
+@OVERSIZED_HEADERS
+def test_the_middleware_order_refuses_oversized_headers_first(headers):
+    """build_middleware's order in process: header limits before request context and auth."""
+    core = SimpleNamespace(metrics=None, config=SimpleNamespace(limits=LimitsConfig()))
+    keys = KeyStore(AuthConfig(dev_key_env=None), {})
+    app = Starlette(middleware=build_middleware(core, keys, {}))
+    with TestClient(app) as client:
+        response = client.post("/v1/chat/completions", content=b"{}", headers=headers)
+        assert response.status_code == 431
+        assert "x-request-id" not in response.headers
+        assert client.post("/v1/chat/completions", content=b"{}").status_code == 401  # the order, within limits
 
 
 @pytest.mark.parametrize(

@@ -124,6 +124,49 @@ def test_leaving_rotation_drops_index_entries_only_when_the_worker_failed(leave,
     assert router.stats().index.blocks_per_worker["c"] == (2 if entries_kept else 0)
 
 
+def two_pool_fleet(**outliers) -> Fleet:
+    """Pool "default": workers a, b, c; pool "solo": worker s (another model). No health checks run."""
+    config = gateway_config([worker_entry(name, f"http://127.0.0.1:{port}") for name, port in (("a", 1), ("b", 2),
+                                                                                              ("c", 3))], None,
+                            outliers={"min_samples": 1, "ratio": 2.0, **outliers})
+    config["pools"]["solo"] = {"model": "other-model", "workers": [worker_entry("s", "http://127.0.0.1:4")]}
+    built = build(KvgateConfig, config)
+    router = Router({"default": [WorkerSpec(n, MODEL, 16) for n in "abc"], "solo": [WorkerSpec("s", "other-model", 16)]},
+                    routing_rules(built), index=KvIndex())
+    return Fleet(built, router, GatewayMetrics(), http=None)
+
+
+def test_a_pools_last_worker_in_rotation_is_never_ejected():
+    fleet = two_pool_fleet(max_ejected_fraction=1.0)
+    for name in "abc":
+        fleet.record_attempt(name, ok=True, first_byte_s=0.1, expected_first_byte_s=0.1)
+    for _ in range(3):  # b's breaker opens (fail_max 3); c fails its health checks
+        fleet.record_attempt("b", ok=False)
+    fleet.workers["c"].healthy = False
+    assert not fleet.available("b") and not fleet.available("c")
+    for _ in range(5):
+        fleet.record_attempt("a", ok=True, first_byte_s=9.0, expected_first_byte_s=0.1)
+    assert fleet.available("a")  # slow against its peers' samples, but the only one left to serve the pool
+    fleet.workers["c"].healthy = True
+    fleet.record_attempt("a", ok=True, first_byte_s=9.0, expected_first_byte_s=0.1)
+    assert not fleet.available("a")  # c takes its requests now
+
+
+def test_slowness_is_judged_against_the_workers_own_pool():
+    """Pool "solo" is slow for its work (another model, another engine): that does not make pool
+    "default"'s workers look fast, nor its own worker an outlier."""
+    fleet = two_pool_fleet()
+    for _ in range(3):
+        fleet.record_attempt("s", ok=True, first_byte_s=1.0, expected_first_byte_s=0.1)  # slowness ~10
+        for name in "ab":
+            fleet.record_attempt(name, ok=True, first_byte_s=0.1, expected_first_byte_s=0.1)
+    fleet.record_attempt("c", ok=True, first_byte_s=0.1, expected_first_byte_s=0.1)
+    assert all(fleet.available(name) for name in "abcs")
+    for _ in range(3):
+        fleet.record_attempt("c", ok=True, first_byte_s=1.0, expected_first_byte_s=0.1)  # c slow against a, b
+    assert not fleet.available("c")
+
+
 @pytest.mark.slow
 def test_a_dead_worker_leaves_rotation_and_rejoins_when_it_comes_back(tmp_path):
     with ExitStack() as stack:

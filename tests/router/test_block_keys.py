@@ -65,13 +65,16 @@ def test_token_ids_outside_u32_are_rejected() -> None:
     shared=st.lists(st.integers(0, 3), max_size=30),
     block_size=st.sampled_from([1, 4, 16]),
     max_entries=st.integers(0, 3),
+    max_bytes=st.sampled_from([0, 400, 1_000, 2**20]),
 )
-def test_prefix_key_cache_gives_the_keys_of_a_fresh_chain(prompts, shared, block_size, max_entries) -> None:
-    """Prompts that share prefixes (and tiny alphabets, so blocks repeat) through a small cache."""
-    cache = PrefixKeyCache(max_entries)
+def test_prefix_key_cache_gives_the_keys_of_a_fresh_chain(prompts, shared, block_size, max_entries, max_bytes) -> None:
+    """Prompts that share prefixes (and tiny alphabets, so blocks repeat) through a small cache,
+    bounded by entries and bytes; never over its byte budget."""
+    cache = PrefixKeyCache(max_entries, max_bytes)
     for tail in prompts:
         tokens = shared + tail
         assert cache.keys(pack_tokens_u32le(tokens), block_size, 7) == chain_block_keys(tokens, block_size, 7)
+        assert cache.num_bytes <= max_bytes and len(cache) <= max_entries
 
 
 def test_the_next_turn_hashes_only_its_new_blocks() -> None:

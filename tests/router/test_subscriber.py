@@ -70,7 +70,8 @@ class FakeWorker:
 Scenario = Callable[[FakeWorker, KvEventSubscriber, KvIndex], Awaitable[None]]
 
 
-def run_scenario(scenario: Scenario, *, with_replay: bool = True) -> None:
+def run_scenario(scenario: Scenario, *, with_replay: bool = True, **options: int) -> None:
+    """options: the subscriber's max_replay_batches / max_message_bytes."""
     async def main() -> None:
         context = zmq.asyncio.Context()
         worker = FakeWorker(context)
@@ -78,7 +79,7 @@ def run_scenario(scenario: Scenario, *, with_replay: bool = True) -> None:
         index.add_worker("w0", model_name="m")
         sub = KvEventSubscriber(
             "w0", index, worker.endpoint, replay_endpoint=worker.replay_endpoint if with_replay else None,
-            replay_timeout_s=1.0, context=context,
+            replay_timeout_s=1.0, context=context, **options,
         )
         sub.start()
         try:
@@ -178,3 +179,70 @@ def test_a_burst_is_applied_in_order() -> None:
         assert index.match(KEYS) == {"w0": (6, 0)}
 
     run_scenario(scenario)
+
+
+def test_a_jump_beyond_the_replay_window_resyncs_without_asking_for_replay() -> None:
+    """A seq far ahead (a long outage, or a bogus seq) costs no list of the missed seqs and no
+    replay request: more than max_replay_batches cannot be replayed, so the worker is resynced."""
+
+    async def scenario(worker: FakeWorker, sub: KvEventSubscriber, index: KvIndex) -> None:
+        await worker.publish(0, batch_array(stored_map([10, 11], 0, None)))
+        await worker.publish(2**40, batch_array(stored_map([20], 0, None)))
+        await until(lambda: sub.counters.batches == 2)
+        assert index.match(KEYS) == {"w0": (1, 0)}  # only what came after the jump
+        assert (sub.counters.gaps, sub.counters.replay_failures, sub.counters.replays) == (1, 1, 0)
+        assert sub.last_seq == 2**40
+        assert await worker.replay.poll(timeout=0) == 0  # nobody asked
+
+    run_scenario(scenario, max_replay_batches=100)
+
+
+def test_a_gap_within_the_replay_window_is_still_replayed() -> None:
+    async def scenario(worker: FakeWorker, sub: KvEventSubscriber, index: KvIndex) -> None:
+        replay = asyncio.create_task(worker.serve_replay_once())
+        await worker.publish(0, batch_array(stored_map([10, 11], 0, None)))
+        await worker.publish(1, batch_array(stored_map([12], 2, 11)), lost=True)
+        await worker.publish(2, batch_array(stored_map([13], 3, 12)), lost=True)
+        await worker.publish(3, batch_array(stored_map([14], 4, 13)))
+        await until(lambda: sub.counters.batches == 4)
+        await replay
+        assert index.match(KEYS) == {"w0": (5, 0)}
+        assert (sub.counters.replays, sub.counters.replayed_batches, sub.counters.replay_failures) == (1, 2, 0)
+
+    run_scenario(scenario, max_replay_batches=2)
+
+
+def test_a_replay_that_skips_a_seq_resyncs() -> None:
+    async def scenario(worker: FakeWorker, sub: KvEventSubscriber, index: KvIndex) -> None:
+        replay = asyncio.create_task(worker.serve_replay_once())
+        await worker.publish(0, batch_array(stored_map([10, 11], 0, None)))
+        await worker.publish(1, batch_array(stored_map([12], 2, 11)), lost=True)
+        worker.buffer.pop()  # seq 1 is no longer buffered: the replay starts at 2
+        await worker.publish(2, batch_array(stored_map([13], 3, 12)), lost=True)
+        await worker.publish(3, batch_array(stored_map([30], 0, None)))
+        await until(lambda: sub.counters.batches == 2)
+        await replay
+        assert index.match(KEYS) == {"w0": (1, 0)}
+        assert (sub.counters.gaps, sub.counters.replays, sub.counters.replay_failures) == (1, 0, 1)
+
+    run_scenario(scenario)
+
+
+def test_a_message_over_max_message_bytes_never_arrives() -> None:
+    """ZMQ_MAXMSGSIZE: the oversized frame drops the connection (ZMQ reconnects and subscribes
+    again), so its payload is never buffered or decoded; the seq it used is a gap."""
+
+    async def scenario(worker: FakeWorker, sub: KvEventSubscriber, index: KvIndex) -> None:
+        await worker.publish(0, batch_array(stored_map([10, 11], 0, None)))
+        await until(lambda: sub.counters.batches == 1)
+        oversized = {**stored_map([12], 2, 11), "padding": b"x" * 8192}
+        await worker.publish(1, batch_map(oversized))
+        while (await asyncio.wait_for(worker.pub.recv(), 5))[:1] != b"\x01":  # dropped (an unsubscribe) ...
+            pass  # ... reconnected: subscribed again
+        await worker.publish(2, batch_array(stored_map([20], 0, None)))
+        await until(lambda: sub.counters.batches == 2)
+        assert index.match(KEYS) == {"w0": (1, 0)}
+        assert (sub.counters.decode_errors, sub.counters.gaps, sub.counters.replay_failures) == (0, 1, 1)
+        assert sub.counters.disconnects == 1
+
+    run_scenario(scenario, with_replay=False, max_message_bytes=4096)

@@ -1,8 +1,8 @@
 """Tiny model variants for worker tests (the plain Llama is tests/conftest.py's tiny_llama_dir), and
 transformers references.
 
-Each model folder is built once per session. transformers is a test-only reference: its imports
-stay inside the functions so collecting these tests costs nothing when they are skipped.
+Each model folder is built once per session. transformers is the test-only reference (a declared test
+dependency: the modules that compare against it import it plainly, so a broken install fails them).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ class PagedFakeExecutor:
 
     def __init__(self, num_blocks: int = 64, block_size: int = 4, max_model_len: int = 256):
         self.num_blocks, self.block_size, self.max_model_len = num_blocks, block_size, max_model_len
+        self.vocab_size = VOCAB_SIZE
         self.kv: dict[tuple[int, int], int] = {}
         self.batches: list[StepBatch] = []
 
@@ -44,3 +45,24 @@ class PagedFakeExecutor:
 
     def chunks_of(self, seq_id: int) -> list[SeqChunk]:
         return [c for b in self.batches for c in b.chunks if c.seq_id == seq_id]
+
+
+class FailingExecutor:
+    """Wraps an executor; its next num_failures steps raise (a device error), later ones run normally."""
+
+    def __init__(self, inner, num_failures: int = 0) -> None:
+        self.inner = inner
+        self.name, self.block_size, self.num_blocks = inner.name, inner.block_size, inner.num_blocks
+        self.max_model_len, self.vocab_size = inner.max_model_len, inner.vocab_size
+        self.num_failures = num_failures
+        self.num_failed_steps = 0
+
+    def fail_next_steps(self, num_failures: int) -> None:
+        self.num_failures = num_failures
+
+    def execute(self, batch: StepBatch) -> list[int]:
+        if self.num_failures > 0:
+            self.num_failures -= 1
+            self.num_failed_steps += 1
+            raise RuntimeError("injected device error")
+        return self.inner.execute(batch)

@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+import transformers
 from tokenizers import Tokenizer
 
 from worker.model import default_model, gguf_convert
 from worker.model.default_model import resolve_model_path
 from worker.model.errors import ModelFileNotFoundError
-
-transformers = pytest.importorskip("transformers")
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 TEXTS = {

@@ -135,3 +135,26 @@ def test_long_outputs_decode_with_a_bounded_window(tokenizer: Tokenizer) -> None
     detok = IncrementalDetokenizer(tokenizer, ids(tokenizer, "héllo"))
 
     assert "".join(feed(detok, ids(tokenizer, output))) == output
+
+
+def test_stop_check_searches_a_window_that_does_not_grow_with_the_output(tokenizer: Tokenizer) -> None:
+    piece = "the cat sat on the mat "
+    near_miss = (piece * 12)[:255] + "!"  # the output keeps almost matching it: the longest hold-back
+
+    def widest_window(num_pieces: int) -> int:
+        detok = IncrementalDetokenizer(tokenizer, ids(tokenizer, "hi"), stop=[near_miss, "😀"])
+        assert "".join(feed(detok, ids(tokenizer, piece * num_pieces))) == piece * num_pieces
+        return detok.max_search_window_chars
+
+    longest_token_chars = max(len(tokenizer.decode([t])) for t in ids(tokenizer, piece))
+    short, long = widest_window(20), widest_window(800)  # 460 and 18,400 characters of output
+    assert short == long <= len(near_miss) - 1 + longest_token_chars
+
+
+def test_a_long_stop_string_spread_over_many_tokens_cuts_the_output(tokenizer: Tokenizer) -> None:
+    stop = ("stop here. STOP now " * 13)[:256]
+    detok = IncrementalDetokenizer(tokenizer, ids(tokenizer, "hi"), stop=[stop])
+
+    text = "".join(feed(detok, ids(tokenizer, "the cat sat " + stop + " naïve")))
+
+    assert text == "the cat sat " and detok.matched_stop == stop

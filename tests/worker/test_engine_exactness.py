@@ -11,6 +11,7 @@ import random
 
 import pytest
 import torch
+import transformers  # noqa: F401  (the reference; a test dependency, so a broken install fails here)
 
 from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine, RequestOutput
@@ -18,9 +19,7 @@ from worker.engine.sampling_params import SamplingParams
 from worker.executor.base import StepBatch
 from worker.executor.torch_executor import TorchExecutor
 
-pytest.importorskip("transformers")
-
-from tests.worker.conftest import hf_greedy  # noqa: E402
+from tests.worker.conftest import hf_greedy
 
 BLOCK_SIZE = 4
 

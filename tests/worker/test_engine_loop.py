@@ -14,10 +14,10 @@ from tokenizers import Tokenizer, decoders, models
 
 from worker.engine.block_hash import block_keys, model_seed
 from worker.engine.config import EngineConfig
-from worker.engine.engine import Engine, RequestOutput
+from worker.engine.engine import Engine, RequestOutput, StepFailed
 from worker.engine.events import AllBlocksCleared, BlockRemoved, BlockStored
 from worker.engine.sampling_params import SamplingParams
-from tests.worker.fake_executor import VOCAB_SIZE, PagedFakeExecutor, reference_output
+from tests.worker.fake_executor import VOCAB_SIZE, FailingExecutor, PagedFakeExecutor, reference_output
 
 EOS = 50  # never sampled by the fake unless a test says so
 
@@ -304,3 +304,39 @@ def test_engine_config_rejects_bad_values(field: str, value: object, match: str)
 def test_engine_rejects_config_the_executor_cannot_honour(config: EngineConfig, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Engine(PagedFakeExecutor(), None, config)
+
+
+# ---- a failed executor step -----------------------------------------------------------------------
+
+
+def test_a_failed_step_ends_its_requests_caches_nothing_and_the_engine_serves_on():
+    executor = FailingExecutor(PagedFakeExecutor(block_size=4))
+    engine = make_engine(executor)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5]  # two full blocks: a failed step must not cache them
+    engine.add_request("a", prompt, SamplingParams(max_tokens=3))
+    engine.add_request("b", [7, 7, 7], SamplingParams(max_tokens=3))
+    executor.fail_next_steps(1)
+
+    with pytest.raises(StepFailed) as info:
+        engine.step()
+
+    assert sorted(info.value.request_ids) == ["a", "b"]
+    assert not engine.has_unfinished() and engine.block_manager.num_used_blocks == 0
+    assert engine.block_manager.num_cached_blocks == 0
+    engine.add_request("a-again", prompt, SamplingParams(max_tokens=3))
+    again = final(run_to_completion(engine)["a-again"])
+    assert again.output_token_ids == reference_output(prompt, 3) and again.num_cached_tokens == 0
+
+
+def test_a_step_whose_executor_returns_too_few_tokens_fails_like_a_raising_one():
+    class ShortExecutor(PagedFakeExecutor):
+        def execute(self, batch):
+            return super().execute(batch)[:-1]
+
+    engine = make_engine(ShortExecutor())
+    engine.add_request("a", [3, 1, 4, 1, 5, 9, 2, 6, 5], SamplingParams(max_tokens=2))
+
+    with pytest.raises(StepFailed) as info:
+        engine.step()
+
+    assert info.value.request_ids == ["a"] and engine.block_manager.num_cached_blocks == 0

@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from worker.engine.events import AllBlocksCleared, BlockRemoved, BlockStored
-from worker.kv_publisher import KVEventPublisher, default_replay_endpoint
+from worker.kv_publisher import KVEventPublisher, default_replay_endpoint, encode_batch
 
 ANY_PORT = "tcp://127.0.0.1:*"
 BIG_HASH = 2**64 - 1  # xxh3_64 keys use the whole unsigned range
@@ -183,6 +183,20 @@ def test_replay_keeps_only_the_last_buffer_steps_batches(context):
         replies = ask_replay(context, publisher, 0, delimiter=True)
 
     assert [seq_of(r[1]) for r in replies] == [2, 3, 4, -1]
+
+
+def test_replay_keeps_no_more_than_buffer_bytes_of_batches_but_always_the_newest(context):
+    batch = [BlockRemoved(block_hashes=list(range(1_000, 1_200)))]  # about 640 bytes: 3 fit
+    with KVEventPublisher(ANY_PORT, ANY_PORT, buffer_bytes=2_000) as publisher:
+        size = len(encode_batch(0.0, batch, 0, "GPU"))
+        for _ in range(10):
+            publisher.publish(batch)
+        wait_published(publisher, 10)
+
+        replies = ask_replay(context, publisher, 0, delimiter=True)
+
+    kept = [seq_of(r[1]) for r in replies[:-1]]
+    assert kept == list(range(10 - 2_000 // size, 10)) and len(kept) * size <= 2_000
 
 
 def test_late_subscriber_recovers_missed_batches_through_replay(context, publisher):

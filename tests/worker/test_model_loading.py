@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 from worker.engine.sampling_params import SamplingParams
 from worker.executor.base import SeqChunk, StepBatch
@@ -20,8 +21,6 @@ from worker.model.tokenizer import load_tokenizer
 from tests.tiny_models import CHAT_TEMPLATE
 
 from .conftest import read_config, write_config
-
-transformers = pytest.importorskip("transformers")
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there!"},
             {"role": "assistant", "content": "Hello. How can I help?"}, {"role": "user", "content": "Ünïcode 🚀"}]

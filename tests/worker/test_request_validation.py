@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from worker.openai_api import ApiError, parse_chat, parse_completion
+from worker.openai_api import (MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, ApiError, parse_chat,
+                               parse_completion, parse_json)
 
 USER = [{"role": "user", "content": "What is 2+2?"}]
 
@@ -175,3 +176,39 @@ def test_text_parts_are_joined_with_newlines():
 def test_developer_role_is_rendered_as_system():
     req = parse_chat(chat(messages=[{"role": "developer", "content": "Be brief."}, *USER]))
     assert req.messages[0] == {"role": "system", "content": "Be brief."}
+
+
+# ---- limits on stop conditions and body depth; priority only from the gateway ----------------
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    (completion(stop="x" * (MAX_STOP_STRING_CHARS + 1)), "stop"),
+    (completion(stop=["END", "y" * (MAX_STOP_STRING_CHARS + 1)]), "stop"),
+    (completion(stop_token_ids=list(range(MAX_STOP_TOKEN_IDS + 1))), "stop_token_ids"),
+], ids=["one-long-stop-string", "long-stop-string-in-list", "too-many-stop-token-ids"])
+def test_stop_conditions_beyond_the_limits_get_a_400_naming_the_field(body, param):
+    error = rejection(parse_completion, body)
+    assert error.param == param and "at most" in error.message
+
+
+def test_stop_conditions_at_the_limits_are_accepted():
+    stop = [chr(ord("a") + i) * MAX_STOP_STRING_CHARS for i in range(MAX_STOP_STRINGS)]
+    sampling = parse_completion(completion(stop=stop, stop_token_ids=list(range(MAX_STOP_TOKEN_IDS)))).sampling
+    assert sampling.stop == tuple(stop) and len(sampling.stop_token_ids) == MAX_STOP_TOKEN_IDS
+
+
+@pytest.mark.parametrize(("parse", "body", "header_priority", "expected"), [
+    (parse_completion, completion(priority=-100), None, 0),
+    (parse_chat, chat(priority=-100), None, 0),
+    (parse_completion, completion(priority=-100), 5, 5),
+    (parse_completion, completion(priority="urgent"), 2, 2),
+], ids=["completion-body-ignored", "chat-body-ignored", "header-wins-over-body", "any-body-value-accepted"])
+def test_priority_comes_from_the_gateway_header_never_from_the_body(parse, body, header_priority, expected):
+    assert parse(body, header_priority).priority == expected
+
+
+def test_a_body_nested_deeper_than_the_parser_allows_is_a_400():
+    deep = b'{"model": "tiny", "prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    with pytest.raises(ApiError) as info:
+        parse_json(deep)
+    assert info.value.status == 400 and "nested too deeply" in info.value.message

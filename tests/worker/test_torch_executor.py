@@ -6,13 +6,12 @@ import random
 
 import pytest
 import torch
+import transformers  # noqa: F401  (the reference; a test dependency, so a broken install fails here)
 
 from worker.engine.sampling_params import SamplingParams
 from worker.executor.base import SeqChunk, StepBatch
 from worker.executor.kv_cache import KVCacheSpec, PagedKVCache
 from worker.executor.torch_executor import TorchExecutor, TorchExecutorConfig
-
-pytest.importorskip("transformers")
 
 GREEDY = SamplingParams(temperature=0.0)
 BLOCK_SIZE = 4

@@ -5,6 +5,10 @@ prefix_offset / read_offset scheme), and only text that is complete is emitted: 
 in U+FFFD (a UTF-8 character split across tokens) waits for the next token. With stop strings,
 the tail that could still be the start of a stop string is held back until it cannot; output is
 cut at the first stop string (which is kept only with include_stop_str_in_output).
+
+Cost per token: the stop check searches only the held-back tail (shorter than the longest stop
+string) plus the token's new text, never the output so far; emitted text is kept as pieces and
+joined only when `text` is read.
 """
 
 from __future__ import annotations
@@ -35,19 +39,19 @@ class IncrementalDetokenizer:
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
         self._stop = tuple(stop)
-        self._max_stop_len = max((len(s) for s in self._stop), default=0)
         self._include_stop = include_stop_str_in_output
         self._tokens = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._tokens)
-        self._text = ""  # decoded output text so far (complete characters only)
-        self._num_emitted_chars = 0
+        self._emitted: list[str] = []  # text handed out so far, in pieces
+        self._held = ""  # decoded text not yet emitted: a tail that may start a stop string
+        self.max_search_window_chars = 0  # the longest text one stop check searched
         self.matched_stop: str | None = None
 
     @property
     def text(self) -> str:
         """The output text emitted so far."""
-        return self._text[: self._num_emitted_chars]
+        return "".join(self._emitted)
 
     @property
     def stopped(self) -> bool:
@@ -61,15 +65,19 @@ class IncrementalDetokenizer:
         new_text = self._decode_new(allow_partial=False)
         if not new_text:
             return ""
-        return self._append_and_emit(new_text)
+        return self._emit_safe(new_text)
 
     def flush(self) -> str:
         """At the end of the request: emit whatever is still held back or pending."""
         if self.stopped:
             return ""
-        self._text += self._decode_new(allow_partial=True)
-        delta = self._text[self._num_emitted_chars :]
-        self._num_emitted_chars = len(self._text)
+        delta = self._held + self._decode_new(allow_partial=True)
+        self._held = ""
+        return self._emit(delta)
+
+    def _emit(self, delta: str) -> str:
+        if delta:
+            self._emitted.append(delta)
         return delta
 
     def _decode(self, token_ids: list[int]) -> str:
@@ -94,37 +102,54 @@ class IncrementalDetokenizer:
             self._prefix_offset = 0
         return full_text[len(prefix_text) :]
 
-    def _append_and_emit(self, new_text: str) -> str:
-        old_len = len(self._text)
-        self._text += new_text
-        if self._stop and self._find_stop(old_len):
-            emit_to = len(self._text)
-        else:
-            emit_to = max(self._num_emitted_chars, len(self._text) - self._held_back_chars())
-        delta = self._text[self._num_emitted_chars : emit_to]
-        self._num_emitted_chars = emit_to
-        return delta
+    def _emit_safe(self, new_text: str) -> str:
+        """Emit what no stop string can still claim: up to a completed stop string, or all but the
+        tail that may start one. Only held + new_text is searched (held is shorter than the
+        longest stop string, and holds no complete one)."""
+        if not self._stop:
+            return self._emit(new_text)
+        window = self._held + new_text
+        self.max_search_window_chars = max(self.max_search_window_chars, len(window))
+        cut = self._find_stop(window, len(self._held))
+        if cut is not None:
+            self._held = ""
+            return self._emit(window[:cut])
+        num_held = self._held_back_chars(window)
+        self._held = window[len(window) - num_held :]
+        return self._emit(window[: len(window) - num_held])
 
-    def _find_stop(self, old_len: int) -> bool:
-        """Cut the text at the earliest stop string that new text completed; True if one did."""
-        text = self._text
+    def _find_stop(self, window: str, num_old_chars: int) -> int | None:
+        """Where to cut the window at the earliest stop string that new text completed (sets
+        matched_stop); None if none did. A new match ends past the first num_old_chars."""
         best: tuple[int, str] | None = None
         for stop in self._stop:
-            index = text.find(stop, max(0, old_len - len(stop) + 1))
+            index = window.find(stop, max(0, num_old_chars - len(stop) + 1))
             if index != -1 and (best is None or index < best[0]):
                 best = (index, stop)
         if best is None:
-            return False
+            return None
         index, stop = best
-        self._text = text[: index + len(stop) if self._include_stop else index]
         self.matched_stop = stop
-        return True
+        return index + len(stop) if self._include_stop else index
 
-    def _held_back_chars(self) -> int:
-        """Length of the longest tail of the text that is a proper prefix of a stop string."""
-        text = self._text
-        for length in range(min(self._max_stop_len - 1, len(text)), 0, -1):
-            tail = text[-length:]
-            if any(stop.startswith(tail) for stop in self._stop):
-                return length
-        return 0
+    def _held_back_chars(self, window: str) -> int:
+        """Length of the longest tail of window that is a proper prefix of a stop string.
+
+        Only the last (longest stop - 1) characters are looked at, and only where a stop
+        string's first character occurs in them."""
+        longest = 0
+        for stop in self._stop:
+            longest = max(longest, _longest_tail_starting(window, stop, longest))
+        return longest
+
+
+def _longest_tail_starting(text: str, stop: str, at_least: int) -> int:
+    """Length of the longest tail of text (longer than at_least) that is a proper prefix of stop; else at_least."""
+    start = max(0, len(text) - len(stop) + 1)
+    end = len(text) - at_least  # a tail starting at or past here is no longer than at_least
+    index = text.find(stop[0], start, end)
+    while index != -1:
+        if stop.startswith(text[index:]):
+            return len(text) - index
+        index = text.find(stop[0], index + 1, end)
+    return at_least

@@ -1,6 +1,13 @@
 """The engine loop: add requests, step (schedule -> execute -> postprocess), abort, stats.
 
 Not thread-safe: one thread (the worker service's engine loop) calls every method.
+
+A step whose executor fails (raises, or returns the wrong number of tokens) ends the requests
+scheduled in it and raises StepFailed naming them; the engine stays usable. That is safe because
+the executor runs before any bookkeeping of the step is committed: computed tokens advance and
+blocks enter the prefix cache only after it returns, so ending the step's sequences frees their
+blocks without leaving a half-computed block shareable. Any other exception means the scheduler's
+or block manager's own state is in doubt, and the caller should stop the engine.
 """
 
 from __future__ import annotations
@@ -39,6 +46,15 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     output_token_ids: list[int]
+
+
+class StepFailed(RuntimeError):
+    """The executor failed a step; the requests of that step were ended (blocks freed, nothing cached)."""
+
+    def __init__(self, request_ids: list[str], cause: BaseException) -> None:
+        super().__init__(f"the model step failed: {cause!r}")
+        self.request_ids = request_ids
+        self.cause = cause
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,14 +185,28 @@ class Engine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
-        sampled = self._executor.execute(plan.batch)
-        self.scheduler.complete_step(plan)
         sampling = [entry for entry in plan.scheduled if entry.samples]
-        if len(sampled) != len(sampling):
-            raise RuntimeError(
-                f"executor returned {len(sampled)} tokens for {len(sampling)} sampling chunks"
-            )
+        try:
+            sampled = self._executor.execute(plan.batch)
+            if len(sampled) != len(sampling):
+                raise RuntimeError(
+                    f"executor returned {len(sampled)} tokens for {len(sampling)} sampling chunks"
+                )
+        except Exception as exc:
+            raise StepFailed(self._end_step(plan.scheduled), exc) from exc
+        self.scheduler.complete_step(plan)
         return [self._postprocess(entry, token) for entry, token in zip(sampling, sampled)]
+
+    def _end_step(self, scheduled: list[ScheduledSeq]) -> list[str]:
+        """End the requests of a step the executor failed (before complete_step); their ids."""
+        request_ids = []
+        for entry in scheduled:
+            seq = entry.seq
+            self._requests.pop(seq.request_id, None)
+            self.scheduler.finish(seq)
+            seq.finish_reason = FinishReason.ABORT
+            request_ids.append(seq.request_id)
+        return request_ids
 
     def _postprocess(self, entry: ScheduledSeq, token_id: int) -> RequestOutput:
         seq = entry.seq

@@ -49,6 +49,7 @@ class Executor(Protocol):
     block_size: int
     num_blocks: int
     max_model_len: int
+    vocab_size: int  # rows of the model's embedding: token ids it accepts are below this
 
     def execute(self, batch: StepBatch) -> list[int]:
         """Run the batch; return one sampled token id per chunk whose sampling is set, in order."""

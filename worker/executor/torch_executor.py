@@ -83,6 +83,7 @@ class TorchExecutor:
         self.num_blocks = kv_cache.num_blocks
         capacity = kv_cache.num_blocks * kv_cache.block_size
         self.max_model_len = min(max_model_len or self.config.max_position_embeddings, capacity)
+        self.vocab_size = self.config.vocab_size  # embedding rows: may differ from the tokenizer's vocabulary
         self.sampler = sampler or Sampler()
         self.use_triton = use_triton and self.device.type == "cuda" and triton_available()
         self._graphs = _DecodeGraphs(self, max_graph_batch_size) if self.use_triton and use_cuda_graphs else None
