@@ -92,7 +92,7 @@ class KeyStore:
                  retry_interval_s: float = REDIS_RETRY_INTERVAL_S, max_found_entries: int = MAX_FOUND_ENTRIES,
                  max_not_found_entries: int = MAX_NOT_FOUND_ENTRIES) -> None:
         self._digests: list[tuple[bytes, str]] = [(k.sha256.encode(), k.tenant) for k in config.keys]
-        dev_key = env.get(config.dev_key_env) if config.dev_key_env else None
+        dev_key = env.get(config.dev_key_env) if config.dev_key_enabled and config.dev_key_env else None
         if dev_key:
             self._digests.append((hash_key(dev_key).encode(), config.dev_tenant))
         self._local_hits: dict[str, str] = {}  # digest -> tenant, for config keys seen lately

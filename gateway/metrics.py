@@ -16,6 +16,7 @@ disable_created_metrics()  # no `_created` series beside every counter: scrape n
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.2, 0.5, 1.0, 2.5)
 _QUEUE_WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+FAILOVER_MODES = ("token_ids", "text")  # how a failover continued the answer (gateway/session.py)
 _REFUSAL_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _DECISION_BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 
@@ -36,7 +37,8 @@ class GatewayMetrics:
         self.retries = Counter("kvgate_upstream_retries", "Retries on another worker.", ["pool"], registry=r)
         self.budget_refusals = Counter("kvgate_retry_budget_refusals", "Retries refused by the retry budget.",
                                        ["pool"], registry=r)
-        self.failovers = Counter("kvgate_failovers", "Streams continued on another worker mid-answer.", ["pool"],
+        self.failovers = Counter("kvgate_failovers", "Streams continued on another worker mid-answer, by how: "
+                                 "from the token ids (exact) or from the delivered text.", ["pool", "mode"],
                                  registry=r)
         self.breaker_state = Gauge("kvgate_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open.",
                                    ["worker"], registry=r)
@@ -77,8 +79,10 @@ class GatewayMetrics:
         """Create the per-pool and per-worker counters at 0, so a dashboard shows 0 (not "no data")
         until the first retry, failover or ejection."""
         for pool in pools:
-            for counter in (self.retries, self.budget_refusals, self.failovers):
+            for counter in (self.retries, self.budget_refusals):
                 counter.labels(pool=pool)
+            for mode in FAILOVER_MODES:
+                self.failovers.labels(pool=pool, mode=mode)
         for worker in workers:
             self.ejections.labels(worker=worker)
         for outcome in ("ok", "error"):

@@ -3,9 +3,11 @@
 Before anything reaches the client, a failed attempt is retried on the next ranked candidate
 (within max_retries and the pool's retry budget, with full-jitter backoff). After the stream
 has started, a worker that dies or stalls is replaced mid-answer: the next worker gets the
-prompt plus the text already delivered (completions: appended to the prompt; chat: a partial
-assistant message with continue_final_message) and max_tokens reduced by what was delivered,
-and its chunks are rewritten to carry the first stream's id, so the client sees one stream (a tool
+prompt's token ids and those generated so far as a completions prompt (workers are asked for them;
+a chat's are its rendered conversation), or, from a worker that gives no ids, the prompt plus the
+text already delivered (completions: appended to the prompt; chat: a partial assistant message
+with continue_final_message), with max_tokens reduced by what was delivered; its chunks are
+rewritten to carry the first stream's id (a chat's as chat chunks), so the client sees one stream (a tool
 call half streamed is not continued: the answer ends with an error). A non-streaming answer is
 assembled from the stream: text, tool calls and logprobs. Usage is the worker's, or counted from
 what was streamed when none came.
@@ -91,7 +93,8 @@ class Session:
     first_token_s: float | None = None
     last_token_s: float | None = None
     delivered_tokens_at_failover: int = 0
-    token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)  # generated so far (return_token_ids)
+    prompt_token_ids: list[int] | None = None  # the prompt as the first worker tokenized (chat: rendered) it
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # streamed tool-call deltas, by index
     logprobs: dict[str, Any] | None = None  # the choice's logprobs, concatenated across chunks
     num_token_chunks: int = 0  # chunks that carried text or a tool call (about a token each)
@@ -120,7 +123,7 @@ class Session:
             self.ticket.failed("client_gone")
             raise
 
-    async def _open_with_retries(self, body: dict[str, Any], first: bool) -> list[SseEvent]:
+    async def _open_with_retries(self, body: dict[str, Any], first: bool, path: str | None = None) -> list[SseEvent]:
         last_error: UpstreamError | None = None
         for attempt_no in range(self.settings.max_retries + 1):
             worker_id = self._next_candidate()
@@ -136,7 +139,7 @@ class Session:
                 self.metrics.retries.labels(pool=self.req.pool).inc()
                 await asyncio.sleep(full_jitter_backoff_s(attempt_no, self.rng))
             try:
-                return await self._try(worker_id, body)
+                return await self._try(worker_id, body, path or self.req.path)
             except UpstreamError as error:
                 if not error.retryable:
                     raise
@@ -151,7 +154,7 @@ class Session:
                 return worker_id
         return None
 
-    async def _try(self, worker_id: str, body: dict[str, Any]) -> list[SseEvent]:
+    async def _try(self, worker_id: str, body: dict[str, Any], path: str) -> list[SseEvent]:
         worker = self.fleet.workers[worker_id]
         self.tried.append(worker_id)
         worker.breaker.begin_attempt()
@@ -159,7 +162,7 @@ class Session:
         attempt = None
         up = self.settings
         try:
-            attempt = await open_attempt(self.upstream, worker_id, worker.url + self.req.path, body, self.req.headers,
+            attempt = await open_attempt(self.upstream, worker_id, worker.url + path, body, self.req.headers,
                                          up.connect_timeout_s, up.first_byte_timeout_s, up.idle_timeout_s)
             held = await wait_first_progress(attempt, up.first_byte_timeout_s)
         except BaseException as error:  # refused, failed, or cancelled (the client left): the worker did not serve it
@@ -177,9 +180,11 @@ class Session:
         return held
 
     def _upstream_body(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Always stream from the worker (timeouts, failover and usage work the same for both)."""
+        """Always stream from the worker (timeouts, failover and usage work the same for both), with
+        the token ids it generates (a failover continues from them exactly)."""
         upstream = dict(body)
         upstream["stream"] = True
+        upstream["return_token_ids"] = True
         options = dict(body.get("stream_options") or {}) if body.get("stream") else {}
         options["include_usage"] = True
         upstream["stream_options"] = options
@@ -269,9 +274,15 @@ class Session:
         if self.first_payload is None:
             self.first_payload = payload
         choice = choices[0]
+        if self.prompt_token_ids is None:  # chat: on the first chunk; completions: in its choice
+            self.prompt_token_ids = payload.get("prompt_token_ids") or choice.get("prompt_token_ids")
+        token_ids = choice.get("token_ids")
+        if token_ids:
+            self.token_ids.extend(token_ids)
         delta = choice.get("delta")
         text = (delta or {}).get("content") if delta is not None else choice.get("text")
-        if delta is not None and set(delta) <= {"role", "content"} and not text and choice.get("finish_reason") is None:
+        if (delta is not None and set(delta) <= {"role", "content"} and not text and not token_ids
+                and choice.get("finish_reason") is None):
             if self.role_sent:
                 return []  # a continuation's role announcement
             self.role_sent = True
@@ -286,14 +297,35 @@ class Session:
             merge_tool_call_deltas(self.tool_calls, tool_calls)
         if isinstance(choice.get("logprobs"), dict):
             self.logprobs = merge_logprobs(self.logprobs, choice["logprobs"])
-        token_ids = choice.get("token_ids")  # vLLM's return_token_ids, for the assembled answer
-        if token_ids:
-            self.token_ids.extend(token_ids)
-        if self.failovers == 0:
-            return [event.raw]
-        rewritten = {**payload, **self._envelope()}
-        rewritten.pop("usage", None)
-        return [encode_event(rewritten)]
+        return [self._for_client(event)]
+
+    def _for_client(self, event: SseEvent) -> bytes:
+        """The event as the client sees it: as the worker sent it, unless the gateway asked for token
+        ids the client did not (they go), or a failover changed the stream (its chunks carry the first
+        stream's id; a chat continued through the completions endpoint is shown as chat chunks)."""
+        wants_ids = bool(self.req.body.get("return_token_ids"))
+        if self.failovers == 0 and (wants_ids or not _carries_ids(event.payload or {})):
+            return event.raw
+        payload = dict(event.payload or {})
+        if self.failovers:
+            payload.update(self._envelope())
+            payload.pop("usage", None)
+        choices = [self._client_choice(c, wants_ids) for c in payload.get("choices") or ()]
+        if not wants_ids or self.failovers:
+            payload.pop("prompt_token_ids", None)
+        return encode_event({**payload, "choices": choices})
+
+    def _client_choice(self, choice: dict[str, Any], wants_ids: bool) -> dict[str, Any]:
+        choice = dict(choice)
+        if not wants_ids:
+            choice.pop("token_ids", None)
+        if not wants_ids or self.failovers:  # a continuation's prompt is not the client's
+            choice.pop("prompt_token_ids", None)
+        if self.req.kind == "chat" and "delta" not in choice:  # a completions chunk continuing a chat
+            choice = {"index": choice.get("index", 0), "delta": {"content": choice.pop("text", "")},
+                      "logprobs": None, "finish_reason": choice.get("finish_reason"),
+                      **({"token_ids": choice["token_ids"]} if wants_ids and "token_ids" in choice else {})}
+        return choice
 
     def _mark_token(self) -> None:
         now = time.monotonic()
@@ -319,17 +351,14 @@ class Session:
             raise ApiError(502, f"worker failed mid-stream ({error}) during a tool call, which cannot be continued "
                            "on another worker", "upstream_error", code="failover_failed")
         self.failovers += 1
-        self.metrics.failovers.labels(pool=self.req.pool).inc()
-        delivered = self._count_tokens(self.text)
-        self.delivered_tokens_at_failover += delivered - self.delivered_tokens_at_failover
-        encode = self.tokenizer.encode_text if self.tokenizer is not None else None
-        body = continuation_body(self.req, self.text, delivered, encode)
+        path, body, mode = self._continuation()
+        self.metrics.failovers.labels(pool=self.req.pool, mode=mode).inc()
         if body is None:  # the answer had already used its whole max_tokens
             self.finish_reason, self.done = "length", True
             return [SseEvent(b"", "", self._synthetic_finish("length"))]
         self.usage, self.usage_raw = None, None
         try:
-            return await self._open_with_retries(self._upstream_body(body), first=False)
+            return await self._open_with_retries(self._upstream_body(body), first=False, path=path)
         except ApiError:
             self.end_reason = "failover_failed"
             raise
@@ -337,6 +366,21 @@ class Session:
             self.end_reason = "failover_failed"
             raise ApiError(502, f"worker failed mid-stream ({error}) and the continuation failed: {failed}",
                            "upstream_error", code="failover_failed") from None
+
+    def _continuation(self) -> tuple[str, dict[str, Any] | None, str]:
+        """(path, body, mode) of the request that continues the answer on another worker (body None:
+        nothing is left to generate). From token ids where the worker gave them ("token_ids": the
+        prompt's ids and the generated ids as a completions prompt, so greedy output goes on token
+        for token, a chat included, its template already applied in its prompt's ids); else from
+        the delivered text ("text": it may not re-tokenize to the same ids)."""
+        if self.prompt_token_ids is not None and self.token_ids:
+            self.delivered_tokens_at_failover = len(self.token_ids)
+            body = token_id_continuation(self.req, self.prompt_token_ids + self.token_ids, len(self.token_ids))
+            return "/v1/completions", body, "token_ids"
+        delivered = self._count_tokens(self.text)
+        self.delivered_tokens_at_failover = delivered
+        encode = self.tokenizer.encode_text if self.tokenizer is not None else None
+        return self.req.path, continuation_body(self.req, self.text, delivered, encode), "text"
 
     def _count_tokens(self, text: str) -> int:
         """Tokens in generated text, with the model's tokenizer (else ~4 bytes a token)."""
@@ -410,10 +454,9 @@ class Session:
                 "model": first.get("model", self.req.model), "choices": [choice]}
         if "system_fingerprint" in first:
             body["system_fingerprint"] = first["system_fingerprint"]
-        prompt_ids = first.get("prompt_token_ids") or (first.get("choices") or [{}])[0].get("prompt_token_ids")
-        if prompt_ids is not None:  # where the worker puts them in its own non-streaming answer
-            (body if self.req.kind == "chat" else choice)["prompt_token_ids"] = prompt_ids
-        if self.token_ids:
+        if self.req.body.get("return_token_ids"):  # where the worker puts them in its own non-streaming answer
+            if self.prompt_token_ids is not None:
+                (body if self.req.kind == "chat" else choice)["prompt_token_ids"] = self.prompt_token_ids
             choice["token_ids"] = self.token_ids
         if usage is not None:
             body["usage"] = usage
@@ -447,6 +490,32 @@ def merge_logprobs(merged: dict[str, Any] | None, part: dict[str, Any]) -> dict[
         elif key not in merged:
             merged[key] = value
     return merged
+
+
+def _carries_ids(payload: dict[str, Any]) -> bool:
+    return "prompt_token_ids" in payload or any(
+        "token_ids" in choice or "prompt_token_ids" in choice for choice in payload.get("choices") or ())
+
+
+# What a continuation through the completions endpoint keeps of the request: its sampling and
+# output options (a chat's messages, tools and template options are in the prompt's ids already).
+_CONTINUATION_FIELDS = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
+                        "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos", "min_tokens",
+                        "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
+                        "stream", "stream_options", "user")
+
+
+def token_id_continuation(req: ProxyRequest, token_ids: list[int], delivered_tokens: int) -> dict[str, Any] | None:
+    """The completions request that continues an answer from its token ids (the prompt's and those
+    generated so far); None if its max_tokens are used up."""
+    body = {key: req.body[key] for key in _CONTINUATION_FIELDS if key in req.body}
+    limit = req.body.get("max_completion_tokens") or req.body.get("max_tokens")
+    if limit is not None:
+        if int(limit) - delivered_tokens < 1:
+            return None
+        body["max_tokens"] = int(limit) - delivered_tokens
+    body["prompt"] = token_ids
+    return body
 
 
 def continuation_body(req: ProxyRequest, delivered_text: str, delivered_tokens: int,

@@ -239,7 +239,7 @@ def _run_up(args: argparse.Namespace) -> int:
     routing_rules(config)  # the router checks the policies now, before any worker is started
     port = args.port if args.port is not None else config.gateway.port
     env_name = config.auth.dev_key_env
-    api_key = dev_api_key(os.environ.get(env_name) if env_name else None)
+    api_key = dev_api_key(os.environ.get(env_name) if env_name else None) if config.auth.dev_key_enabled else None
     specs = stack_specs(config, args.config, port, api_key)
     supervisor = Supervisor(specs, health_timeout_s=args.health_timeout)
     return supervisor.run(on_ready=lambda: print_banner(sys.stdout, config, port, api_key))

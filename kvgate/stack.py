@@ -39,7 +39,7 @@ def worker_argv(worker: WorkerConfig) -> tuple[str, ...]:
     return (*argv, *launch.extra_args)
 
 
-def stack_specs(config: KvgateConfig, config_path: Path, gateway_port: int, api_key: str) -> list[ChildSpec]:
+def stack_specs(config: KvgateConfig, config_path: Path, gateway_port: int, api_key: str | None) -> list[ChildSpec]:
     """Workers first (non-critical: the gateway routes around a dead one while it restarts), then the gateway.
 
     The gateway reloads its routing policies on SIGHUP only when it has a policies file; without one,
@@ -52,7 +52,7 @@ def stack_specs(config: KvgateConfig, config_path: Path, gateway_port: int, api_
     host = config.gateway.host
     argv = (sys.executable, "-m", "kvgate", "gateway", "--config", str(config_path),
             "--host", host, "--port", str(gateway_port))
-    env = {config.auth.dev_key_env: api_key} if config.auth.dev_key_env else {}
+    env = {config.auth.dev_key_env: api_key} if config.auth.dev_key_env and api_key else {}
     specs.append(ChildSpec(name="gateway", argv=argv, critical=True, env=env,
                            health_url=f"http://{_url_host(host)}:{gateway_port}/ready",
                            reloads_on_sighup=config.routing.policies_file is not None))
@@ -64,17 +64,20 @@ def dev_api_key(env_value: str | None) -> str:
     return env_value or DEV_KEY_PREFIX + secrets.token_urlsafe(24)
 
 
-def print_banner(out: TextIO, config: KvgateConfig, gateway_port: int, api_key: str) -> None:
+def print_banner(out: TextIO, config: KvgateConfig, gateway_port: int, api_key: str | None) -> None:
+    """What `kvgate up` prints once the stack is ready; api_key None: the dev key is off (auth.keys are
+    configured), so the example names no key."""
     base = f"http://{_url_host(config.gateway.host)}:{gateway_port}"
     model = next(iter(config.pools.values())).model
+    shown = api_key or "<one of auth.keys>"
     out.write(
         "\nkvgate is up.\n"
         f"  OpenAI base URL: {base}/v1\n"
-        f"  API key:         {api_key}\n"
+        f"  API key:         {api_key or 'one of auth.keys (the dev key is off while keys are configured)'}\n"
         f"  Metrics:         {base}/metrics\n\n"
         "Try:\n"
         f"  curl {base}/v1/chat/completions \\\n"
-        f"    -H 'Authorization: Bearer {api_key}' -H 'Content-Type: application/json' \\\n"
+        f"    -H 'Authorization: Bearer {shown}' -H 'Content-Type: application/json' \\\n"
         f"    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}], \"max_tokens\": 64, \"temperature\": 0}}'\n\n"
         "Press Ctrl-C to stop.\n"
     )

@@ -79,11 +79,20 @@ class ApiKeyConfig:
 
 @dataclass(frozen=True, slots=True)
 class AuthConfig:
-    """API keys -> tenants. dev_key_env names an env var whose key maps to dev_tenant."""
+    """API keys -> tenants. dev_key_env names an env var whose key maps to dev_tenant; the dev key is
+    accepted only while no `keys` are configured, unless dev_key says otherwise (true: also beside
+    them, for development; false: never)."""
 
     keys: tuple[ApiKeyConfig, ...] = ()
     dev_key_env: str | None = "KVGATE_API_KEY"
     dev_tenant: str = "dev"
+    dev_key: bool | None = None
+
+    @property
+    def dev_key_enabled(self) -> bool:
+        if self.dev_key_env is None:
+            return False
+        return not self.keys if self.dev_key is None else self.dev_key
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import time
 
@@ -145,3 +146,14 @@ def test_a_websocket_without_a_valid_key_is_refused_before_it_is_accepted(ws_cli
 def test_a_websocket_with_a_valid_key_reaches_the_app_as_its_tenant(ws_client):
     with ws_client.websocket_connect("/v1/chat/completions", headers={"Authorization": f"Bearer {WS_KEY}"}) as ws:
         assert ws.receive_text() == "team-w"
+
+
+@pytest.mark.parametrize(("keys", "dev_key", "accepted"), [
+    ((), None, True), (("real-key",), None, False), (("real-key",), True, True), ((), False, False),
+], ids=["no-keys-configured", "keys-configured", "asked-for-beside-keys", "turned-off"])
+def test_the_dev_key_works_only_where_no_keys_are_configured_or_when_asked(keys, dev_key, accepted):
+    config = AuthConfig(keys=tuple(ApiKeyConfig("team", hash_key(k)) for k in keys), dev_key=dev_key)
+    store = KeyStore(config, {"KVGATE_API_KEY": "the-dev-key"})
+    assert asyncio.run(store.tenant_for("the-dev-key")) == ("dev" if accepted else None)
+    if keys:
+        assert asyncio.run(store.tenant_for("real-key")) == "team"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from contextlib import ExitStack
@@ -42,11 +43,10 @@ def test_worker_killed_mid_stream_client_text_equals_uninterrupted_run(gateway_m
         else:
             path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": "Tell me a story"}]}
         body = {**body, "model": MODEL, "max_tokens": 300, "temperature": 0, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}}
+                "stream_options": {"include_usage": True}, "return_token_ids": True}
         plain = {k: v for k, v in body.items() if k != "stream_options"} | {"stream": False}
-        expected = httpx.post(f"{gateway.url}{path}", json=plain, headers=AUTH, timeout=60)
-        expected_text = expected.json()["choices"][0]["text" if kind == "completion" else "message"]
-        expected_text = expected_text if kind == "completion" else expected_text["content"]
+        expected = httpx.post(f"{gateway.url}{path}", json=plain, headers=AUTH, timeout=60).json()["choices"][0]
+        expected_text = expected["text"] if kind == "completion" else expected["message"]["content"]
 
         with httpx.stream("POST", f"{gateway.url}{path}", json=body, headers=AUTH, timeout=60) as response:
             victim = by_name[response.headers["x-kvgate-worker"]]
@@ -57,11 +57,13 @@ def test_worker_killed_mid_stream_client_text_equals_uninterrupted_run(gateway_m
 
             text, payloads = stream_text(response, kill_after_five)
         assert victim.proc.wait(timeout=5) == -signal.SIGKILL
+        assert [i for p in payloads for c in p.get("choices", ()) for i in c.get("token_ids", ())] \
+            == expected["token_ids"]  # token for token
         assert text == expected_text
         assert len({p["id"] for p in payloads}) == 1  # one well-formed stream
         assert payloads[-1]["usage"]["completion_tokens"] == 300
         assert [p["choices"][0]["finish_reason"] for p in payloads if p.get("choices")][-1] == "length"
-        assert metric_value(gateway.url, "kvgate_failovers_total") == 1
+        assert metric_value(gateway.url, "kvgate_failovers_total", mode="token_ids") == 1
 
 
 def test_breaker_opens_on_a_worker_returning_503_and_no_request_fails(gateway_model_dir, tmp_path):
@@ -131,7 +133,8 @@ def test_a_client_that_goes_away_cancels_the_upstream_request_at_once(tmp_path, 
         if stream:
             with httpx.stream("POST", f"{gateway.url}/v1/completions", headers=AUTH, json=body, timeout=10) as response:
                 data = (line for line in response.iter_lines() if line.startswith("data: "))
-                assert all('"text": " t' in next(data) for _ in range(2))  # two tokens; leaving closes the connection
+                texts = [json.loads(next(data)[6:])["choices"][0]["text"] for _ in range(2)]
+                assert texts == [" t0", " t1"]  # two tokens arrived; leaving the block closes the connection
         else:
             with pytest.raises(httpx.ReadTimeout):  # the whole answer would take a minute
                 httpx.post(f"{gateway.url}/v1/completions", headers=AUTH, json=body, timeout=0.5)
@@ -180,7 +183,8 @@ def test_a_worker_that_stalls_mid_stream_is_replaced_and_the_client_gets_one_str
         assert [c["finish_reason"] for p in payloads for c in p["choices"]][-1] == "length"
         assert payloads[-1]["usage"]["completion_tokens"] > 1  # the delivered tokens count too
         assert response.text.rstrip().endswith("data: [DONE]")
-        assert metric_value(gateway.url, "kvgate_failovers_total") == 1
+        assert metric_value(gateway.url, "kvgate_failovers_total", mode="text") == 1  # it returns no token ids
+        assert all("token_ids" not in c for p in payloads for c in p["choices"])
 
 
 def test_with_every_worker_failing_retries_stay_in_budget_and_clients_get_fast_503s(gateway_model_dir, tmp_path):

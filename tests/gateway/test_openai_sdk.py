@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -155,3 +156,16 @@ def test_content_parts_and_the_developer_role_pass_through_routing(client, direc
     from_worker = direct.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, **GREEDY)
     assert via_gateway.choices[0].message.content == from_worker.choices[0].message.content
     assert via_gateway.usage.prompt_tokens == from_worker.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("asked", [False, True], ids=["not-asked", "asked"])
+def test_token_ids_the_gateway_asks_workers_for_reach_only_clients_that_asked(fleet, asked):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to five"}], "max_tokens": 8,
+            "temperature": 0, "stream": True, **({"return_token_ids": True} if asked else {})}
+    with httpx.stream("POST", f"{fleet['gateway'].url}/v1/chat/completions", json=body, timeout=30,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as response:
+        chunks = [json.loads(line[6:]) for line in response.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    ids = [i for c in chunks for choice in c["choices"] for i in choice.get("token_ids", ())]
+    assert bool(ids) == asked and any("prompt_token_ids" in c for c in chunks) == asked
+    assert "".join(choice["delta"].get("content") or "" for c in chunks for choice in c["choices"])

@@ -204,7 +204,8 @@ def test_per_pool_and_per_worker_counters_exist_at_zero_from_the_start(tmp_path)
         text = httpx.get(f"{gateway.url}/metrics").text
         for series in ('kvgate_upstream_retries_total{pool="default"} 0.0',
                        'kvgate_retry_budget_refusals_total{pool="default"} 0.0',
-                       'kvgate_failovers_total{pool="default"} 0.0',
+                       'kvgate_failovers_total{mode="token_ids",pool="default"} 0.0',
+                       'kvgate_failovers_total{mode="text",pool="default"} 0.0',
                        'kvgate_worker_ejections_total{worker="w"} 0.0'):
             assert series in text
         assert "_created" not in text

@@ -162,3 +162,20 @@ def test_up_with_a_bad_config_names_file_and_path(tmp_path):
     result = kvgate("up", "--config", str(path))
     assert result.returncode == 2
     assert result.stderr.strip() == f"kvgate: {path}: pools.default.workers[0].url: not an http(s) URL"
+
+
+@pytest.mark.parametrize(("keys", "shown"), [((), "Bearer kvg-dev-x"), (("real",), "Bearer <one of auth.keys>")],
+                         ids=["dev-key", "keys-configured"])
+def test_up_prints_the_dev_key_only_where_the_gateway_accepts_it(keys, shown):
+    import io
+
+    from kvgate.config import KvgateConfig, build
+    from kvgate.stack import print_banner
+
+    config = build(KvgateConfig, {"pools": {"default": {"model": "m", "workers": [{"name": "w", "url": "http://w"}]}},
+                                  "auth": {"keys": [{"tenant": "team", "sha256": hash_key(k)} for k in keys]}})
+    auth = config.auth
+    out = io.StringIO()
+    print_banner(out, config, 8000, "kvg-dev-x" if auth.dev_key_enabled else None)
+    assert shown in out.getvalue()
+    assert ("kvg-dev-x" in out.getvalue()) == (not keys)
