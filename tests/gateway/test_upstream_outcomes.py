@@ -23,9 +23,11 @@ BODY = {"model": MODEL, "prompt": "p", "max_tokens": 4}
 
 
 def start_fleet(stack: ExitStack, tmp_path, modes: dict[str, str], **sections):
-    """A gateway in front of one fake worker per (name, mode); returns (gateway, {name: worker})."""
+    """A gateway in front of one fake worker per (name, mode), taken in turn (round robin: each is
+    tried, whatever a cache-aware policy would prefer); returns (gateway, {name: worker})."""
     workers = {name: stack.enter_context(running(fake_worker_process(mode))) for name, mode in modes.items()}
     config = gateway_config([worker_entry(name, w.url) for name, w in workers.items()], None, **sections)
+    config["pools"]["default"]["policy"] = {"type": "round_robin"}
     return start_gateway(stack, config, tmp_path), workers
 
 
