@@ -1,4 +1,5 @@
-"""Fleet mode: real sim workers, one gateway per policy (a stand-in gateway here), one result per run."""
+"""Fleet mode: real sim workers, one gateway per policy (the real `kvgate gateway`, and a stand-in where
+a test is about the fleet loop itself), one result per run."""
 
 from __future__ import annotations
 
@@ -36,6 +37,22 @@ def test_fleet_runs_the_workload_once_per_policy_through_a_gateway_over_sim_work
     assert pool["policy"]["type"] == "kv_aware"
     assert [w["name"] for w in pool["workers"]] == ["w0", "w1"]
     assert all(w["kv_events_endpoint"].startswith("tcp://127.0.0.1:") for w in pool["workers"])
+
+
+@pytest.mark.slow
+def test_fleet_through_the_real_gateway_routes_by_each_policy(tmp_path):
+    """Two tenants' long prefixes, one after the other: round robin spreads each tenant over both
+    workers; kv_aware, fed by the sim workers' KV events, sends each tenant back to the worker that
+    holds its prefix, and serves more of the prompts from cache."""
+    _, specs = build_workload("multi_tenant_long_prefix", 0, {"num_tenants": "2", "num_requests": "12",
+                                                               "prefix_tokens": "600", "output_tokens": "2"})
+    config = FleetConfig(work_dir=tmp_path, num_workers=2, policies=("round_robin", "kv_aware"), health_timeout_s=60)
+    plan = RunPlan(name="", driver=DriverConfig(base_url="", model="", concurrency=1, progress=False))
+    results = {r["name"]: r["summary"] for r in run_fleet(config, specs, plan)}
+
+    assert all(s["num_ok"] == 12 for s in results.values()), {n: s["errors"] for n, s in results.items()}
+    assert results["round_robin"]["workers"]["counts"] == {"w0": 6, "w1": 6}
+    assert results["kv_aware"]["prefix_hit_rate"] > results["round_robin"]["prefix_hit_rate"]
 
 
 def test_gateway_config_written_for_a_policy_loads_with_the_kvgate_schema(tmp_path):
