@@ -16,13 +16,14 @@ what was streamed when none came.
 from __future__ import annotations
 
 import asyncio
-import copy
 import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from gateway.admission import Permit
+from gateway.chunks import carries_token_ids, merge_logprobs, merge_tool_call_deltas
+from gateway.continuation import text_continuation, token_id_continuation
 from gateway.errors import UpstreamError
 from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
@@ -304,7 +305,7 @@ class Session:
         ids the client did not (they go), or a failover changed the stream (its chunks carry the first
         stream's id; a chat continued through the completions endpoint is shown as chat chunks)."""
         wants_ids = bool(self.req.body.get("return_token_ids"))
-        if self.failovers == 0 and (wants_ids or not _carries_ids(event.payload or {})):
+        if self.failovers == 0 and (wants_ids or not carries_token_ids(event.payload or {})):
             return event.raw
         payload = dict(event.payload or {})
         if self.failovers:
@@ -375,12 +376,12 @@ class Session:
         the delivered text ("text": it may not re-tokenize to the same ids)."""
         if self.prompt_token_ids is not None and self.token_ids:
             self.delivered_tokens_at_failover = len(self.token_ids)
-            body = token_id_continuation(self.req, self.prompt_token_ids + self.token_ids, len(self.token_ids))
+            body = token_id_continuation(self.req.body, self.prompt_token_ids + self.token_ids, len(self.token_ids))
             return "/v1/completions", body, "token_ids"
         delivered = self._count_tokens(self.text)
         self.delivered_tokens_at_failover = delivered
         encode = self.tokenizer.encode_text if self.tokenizer is not None else None
-        return self.req.path, continuation_body(self.req, self.text, delivered, encode), "text"
+        return self.req.path, text_continuation(self.req.kind, self.req.body, self.text, delivered, encode), "text"
 
     def _count_tokens(self, text: str) -> int:
         """Tokens in generated text, with the model's tokenizer (else ~4 bytes a token)."""
@@ -461,91 +462,3 @@ class Session:
         if usage is not None:
             body["usage"] = usage
         return body
-
-
-def merge_tool_call_deltas(calls: dict[int, dict[str, Any]], deltas: list[Any]) -> None:
-    """Fold streamed tool-call deltas into whole calls, by index: id, type and name as they first come,
-    the arguments concatenated (OpenAI's streaming format for tool_calls)."""
-    for delta in deltas:
-        if not isinstance(delta, dict):
-            continue
-        call = calls.setdefault(int(delta.get("index") or 0), {"id": None, "type": "function",
-                                                                "function": {"name": None, "arguments": ""}})
-        for key in ("id", "type"):
-            if delta.get(key):
-                call[key] = delta[key]
-        function = delta.get("function") or {}
-        if function.get("name"):
-            call["function"]["name"] = function["name"]
-        call["function"]["arguments"] += function.get("arguments") or ""
-
-
-def merge_logprobs(merged: dict[str, Any] | None, part: dict[str, Any]) -> dict[str, Any]:
-    """Concatenate a chunk's logprobs onto those before it: every list field is extended (chat's
-    content and refusal; completions' tokens, token_logprobs, top_logprobs, text_offset)."""
-    merged = dict(merged or {})
-    for key, value in part.items():
-        if isinstance(value, list):
-            merged[key] = list(merged.get(key) or []) + value
-        elif key not in merged:
-            merged[key] = value
-    return merged
-
-
-def _carries_ids(payload: dict[str, Any]) -> bool:
-    return "prompt_token_ids" in payload or any(
-        "token_ids" in choice or "prompt_token_ids" in choice for choice in payload.get("choices") or ())
-
-
-# What a continuation through the completions endpoint keeps of the request: its sampling and
-# output options (a chat's messages, tools and template options are in the prompt's ids already).
-_CONTINUATION_FIELDS = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
-                        "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos", "min_tokens",
-                        "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
-                        "stream", "stream_options", "user")
-
-
-def token_id_continuation(req: ProxyRequest, token_ids: list[int], delivered_tokens: int) -> dict[str, Any] | None:
-    """The completions request that continues an answer from its token ids (the prompt's and those
-    generated so far); None if its max_tokens are used up."""
-    body = {key: req.body[key] for key in _CONTINUATION_FIELDS if key in req.body}
-    limit = req.body.get("max_completion_tokens") or req.body.get("max_tokens")
-    if limit is not None:
-        if int(limit) - delivered_tokens < 1:
-            return None
-        body["max_tokens"] = int(limit) - delivered_tokens
-    body["prompt"] = token_ids
-    return body
-
-
-def continuation_body(req: ProxyRequest, delivered_text: str, delivered_tokens: int,
-                      encode) -> dict[str, Any] | None:
-    """The request that continues an answer after delivered_text; None if nothing is left to do."""
-    body = copy.deepcopy(req.body)
-    for key in ("max_completion_tokens", "max_tokens"):
-        if body.get(key) is not None:
-            remaining = int(body[key]) - delivered_tokens
-            if remaining < 1:
-                return None
-            body[key] = remaining
-    if req.kind == "completion":
-        prompt = body["prompt"]
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            body["prompt"] = prompt + delivered_text
-        elif encode is not None:
-            body["prompt"] = list(prompt) + encode(delivered_text)
-        else:
-            return None
-        return body
-    messages = list(body["messages"])
-    last = messages[-1] if messages else {}
-    if body.get("continue_final_message") and last.get("role") == "assistant" and isinstance(last.get("content"), str):
-        messages[-1] = {**last, "content": last["content"] + delivered_text}
-    else:
-        messages.append({"role": "assistant", "content": delivered_text})
-    body["messages"] = messages
-    body["continue_final_message"] = True
-    body["add_generation_prompt"] = False
-    return body
