@@ -29,10 +29,16 @@ class Timing:
     worker: str = "w0"
 
 
-def build_app(timing: Timing) -> Starlette:
+def build_app(timing: Timing, sent: list[list[float]] | None = None) -> Starlette:
+    """sent, when given, gets one entry per request: when it arrived and when each content chunk was
+    handed to the server (time.monotonic()), the timings as they really were on a busy machine."""
     async def generate(request: Request):
+        arrived = time.monotonic()
         body = await request.json()
         chat = "messages" in body
+        times = [arrived]
+        if sent is not None:
+            sent.append(times)
 
         async def events():
             yield _event(_chunk(chat, ""))  # the role chunk: no content yet
@@ -40,6 +46,7 @@ def build_app(timing: Timing) -> Starlette:
             for i in range(timing.num_chunks):
                 if i:
                     await asyncio.sleep(timing.interval_s)
+                times.append(time.monotonic())
                 yield _event(_chunk(chat, f" tok{i}"))
             usage = {"prompt_tokens": timing.prompt_tokens, "completion_tokens": timing.num_chunks,
                      "prompt_tokens_details": {"cached_tokens": timing.cached_tokens}}
