@@ -57,7 +57,8 @@ def completion_endpoints(core: GatewayCore) -> dict[str, ProxyEndpoint]:
     return {path: ProxyEndpoint(path=path, admission=core.admission, router=core.router, fleet=core.fleet,
                                 upstream=core.upstream, settings=core.config.upstream, metrics=core.metrics,
                                 prices=prices, tokenizers=core.tokenizers, models=core.models,
-                                debug_header_for=core.config.routing.debug_header_for, rng=core.rng)
+                                debug_header_for=core.config.routing.debug_header_for, rng=core.rng,
+                                offload=core.offload, longest_prompt_tokens=core.longest_prompt_tokens)
             for path in KINDS}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -15,11 +16,16 @@ from gateway.app import build_app
 from gateway.core import GatewayCore
 from kvgate.config import KvgateConfig
 
+GIL_SWITCH_INTERVAL_S = 0.0005
+
 
 def serve(config: KvgateConfig, tokenizer_dirs: Mapping[str, Path], host: str, port: int) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
     core = GatewayCore(config, tokenizer_dirs)
+    # While the offload thread works on a large request (kvgate/offload.py), the event loop waits up
+    # to this long for the interpreter lock at each wake-up (Python's default is 5 ms)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     # reload the policy file; without one, a stray SIGHUP (a closed terminal, a reload sent out of
     # habit) is logged, it must not kill the gateway
     signal.signal(signal.SIGHUP, lambda signum, frame: core.reload_policies())

@@ -28,6 +28,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.routing_config import PolicyFileWatcher, prompt_token_limits, routing_rules, tenant_cache_salts
 from gateway.upstream_http import KEEPALIVE_EXPIRY_S, UpstreamClient
 from kvgate.config import KvgateConfig
+from kvgate.offload import Offloader
 from router.router import Router
 from router.tokenization import RoutingTokenizer
 from router.types import WorkerSpec
@@ -49,9 +50,14 @@ class GatewayCore:
         self.http = http or httpx.AsyncClient(
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024, keepalive_expiry=KEEPALIVE_EXPIRY_S))
         self.upstream = UpstreamClient()  # completions traffic; self.http serves health checks and scrapes
+        self.offload = Offloader(config.limits.offload_min_bytes)  # a large request's parse, tokenizing, encoding
         self.tokenizers = _routing_tokenizers(config, tokenizer_dirs or {})
+        max_model_lens = prompt_token_limits(config)
         self.router = Router(_worker_specs(config), rules, tokenizers=self.tokenizers, rng=self.rng,
-                             max_model_lens=prompt_token_limits(config), tenant_cache_salts=tenant_cache_salts(config))
+                             max_model_lens=max_model_lens, tenant_cache_salts=tenant_cache_salts(config))
+        # the longest prompt any pool takes (None while some pool's limit is unknown)
+        self.longest_prompt_tokens = (max(max_model_lens.values())
+                                      if max_model_lens and len(max_model_lens) == len(config.pools) else None)
         self.fleet = Fleet(config, self.router, self.metrics, self.http)
         self.redis = _redis_client(config.redis.url)
         self.keys = KeyStore(config.auth, dict(os.environ), redis_client=self.redis)
@@ -85,6 +91,7 @@ class GatewayCore:
             await self.buckets.aclose()
         await self.fleet.stop()
         await self.upstream.aclose()
+        self.offload.close()
         await self.http.aclose()
         await self.keys.aclose()
         if self.redis is not None:

@@ -31,6 +31,7 @@ from gateway.sse import compact_json
 from gateway.upstream_http import UpstreamClient
 from kvgate.api_error import ApiError
 from kvgate.config import PricesConfig, UpstreamConfig
+from kvgate.offload import Offloader
 from router.errors import PromptTooLongError
 from router.router import NoRouteError, Router
 from router.ticket import RouteTicket
@@ -50,7 +51,9 @@ KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 class ProxyEndpoint:
     """One completion path. models maps each served model to its pool; tokenizers, each model's
     routing tokenizer (only exact ones are used to continue after a failover); prices, each pool's
-    (for the cost of each request); debug_header_for(tenant) says whether its answers carry x-kvgate-route."""
+    (for the cost of each request); debug_header_for(tenant) says whether its answers carry x-kvgate-route;
+    offload parses, tokenizes and encodes a large request off the event loop; longest_prompt_tokens,
+    the longest prompt any pool takes (None: some pool has no known limit), bounds a large body's parse."""
 
     path: str
     admission: Admission
@@ -64,6 +67,8 @@ class ProxyEndpoint:
     models: Mapping[str, str]
     debug_header_for: Callable[[str], bool]
     rng: random.Random
+    offload: Offloader
+    longest_prompt_tokens: int | None
     kind: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -76,10 +81,12 @@ class ProxyEndpoint:
         model_label = "unknown"
         metrics = self.metrics
         try:
-            body = parse_body(await read_body(receive), self.kind)
+            raw = await read_body(receive)
+            body = await self.offload.run_yielding(len(raw), parse_body, raw, self.kind,
+                                                   max_prompt_tokens=self.longest_prompt_tokens)
             model = body["model"]
             model_label = model if model in self.models else "unknown"
-            started = await _unless_disconnected(receive, self._start(scope, body, tenant))
+            started = await _unless_disconnected(receive, self._start(scope, body, len(raw), tenant))
         except ApiError as error:
             metrics.child(metrics.requests, tenant, model_label, str(error.status)).inc()
             await error.response(self._refusal_timing(error, arrived))(scope, receive, send)
@@ -111,7 +118,7 @@ class ProxyEndpoint:
         self.metrics.child(self.metrics.refusal_seconds, error.code).observe(refused_after_s)
         return {"server-timing": f"gateway;dur={refused_after_s * 1000:.3f}"}
 
-    async def _start(self, scope: Scope, body: dict[str, Any], tenant: str) -> tuple[Session, list]:
+    async def _start(self, scope: Scope, body: dict[str, Any], body_bytes: int, tenant: str) -> tuple[Session, list]:
         """Admit, route and open the upstream stream; the permit ends here unless a session holds it."""
         pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
         first = dict(reversed(pairs))  # Headers.get semantics: the first of repeated headers
@@ -131,7 +138,7 @@ class ProxyEndpoint:
             prompt_tokens_estimate=estimate_prompt_tokens(body), max_tokens=_max_tokens(body)))
         session = None
         try:
-            ticket = self._route(route_req)
+            ticket = await self._route(route_req, pool, body_bytes)
             permit.prompt_counted(ticket.decision.num_prompt_tokens or 0)
             headers = {k: v for k, v in pairs if k in FORWARDED_HEADERS}
             headers.update(state.get("trace_headers", {}))
@@ -143,10 +150,11 @@ class ProxyEndpoint:
                                pool=ticket.decision.pool or pool, tenant=tenant, request_id=request_id,
                                headers=headers, client_stream=client_stream,
                                # the aggregated response always carries usage
-                               client_include_usage=not client_stream or bool(stream_options.get("include_usage")))
+                               client_include_usage=not client_stream or bool(stream_options.get("include_usage")),
+                               body_bytes=body_bytes)
             session = Session(req=req, ticket=ticket, permit=permit, fleet=self.fleet, upstream=self.upstream,
                               settings=self.settings, metrics=self.metrics,
-                              tokenizer=self.tokenizers.get(req.model), rng=self.rng)
+                              tokenizer=self.tokenizers.get(req.model), rng=self.rng, offload=self.offload)
             return session, await session.start()
         except BaseException:
             dropped = session is not None and session.ticket.outcome in _DROPPED
@@ -159,10 +167,14 @@ class ProxyEndpoint:
         except NoRouteError as exc:
             raise self._no_route(route_req, exc) from None
 
-    def _route(self, route_req: RouteRequest) -> RouteTicket:
+    async def _route(self, route_req: RouteRequest, pool: str, body_bytes: int) -> RouteTicket:
+        """The routing ticket; a large request's prompt is tokenized off the event loop first."""
         started = time.perf_counter()
         try:
-            ticket = self.router.route(route_req)
+            token_ids = None
+            if self.offload.is_large(body_bytes):
+                token_ids = await self.offload.run(body_bytes, self.router.tokenize, route_req, pool)
+            ticket = self.router.route(route_req, token_ids)
         except NoRouteError as exc:
             raise self._no_route(route_req, exc) from None
         except PromptTooLongError as exc:

@@ -4,13 +4,12 @@ its prompt's size estimated before tokenization, for admission."""
 
 from __future__ import annotations
 
-import json
-import math
 from typing import Any
 
 from starlette.types import Receive
 
 from kvgate.api_error import ApiError
+from kvgate.json_body import parse_json_object
 
 
 async def read_body(receive: Receive) -> bytes:
@@ -25,18 +24,11 @@ async def read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-def parse_body(raw: bytes, kind: str) -> dict[str, Any]:
-    """The JSON object of a chat (kind "chat") or completions request, checked as far as routing needs."""
-    try:
-        body = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
-    except ValueError as exc:  # NaN, Infinity, or a number too large for a float
-        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ApiError(400, "request body is not valid JSON: nested too deeply") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object")
+def parse_body(raw: bytes, kind: str, *, yielding: bool = False,
+               max_prompt_tokens: int | None = None) -> dict[str, Any]:
+    """The JSON object of a chat (kind "chat") or completions request, checked as far as routing
+    needs (yielding, max_prompt_tokens: see kvgate.json_body; for a parse off the event loop)."""
+    body = parse_json_object(raw, yielding=yielding, max_prompt_tokens=max_prompt_tokens)
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise ApiError(400, "model is required and must be a string", param="model")
     if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
@@ -78,24 +70,14 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
             raise ApiError(400, message, param=name)
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"number out of range: {text[:40]}")
-    return value
-
-
 def estimate_prompt_tokens(body: dict[str, Any]) -> int:
     """The prompt's tokens before it is tokenized (admission counts them against tokens_per_min; the
-    router's exact count corrects it): token-id prompts count themselves, text ~4 bytes a token."""
+    router's exact count corrects it): token-id prompts count themselves, text ~4 bytes a token.
+    Constant time for token ids (the router checks each id later, off the event loop when large)."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
         prompt = prompt[0]
-    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
         return len(prompt)
     if isinstance(prompt, list):
         prompt = prompt[0] if prompt and isinstance(prompt[0], str) else ""

@@ -32,6 +32,8 @@ from gateway.upstream import Attempt, open_attempt, read_events, wait_first_prog
 from gateway.upstream_http import UpstreamClient
 from kvgate.api_error import ApiError
 from kvgate.config import UpstreamConfig
+from kvgate.json_body import dump_json
+from kvgate.offload import Offloader
 from router.ticket import RouteTicket
 from router.tokenization import RoutingTokenizer
 
@@ -58,6 +60,7 @@ class ProxyRequest:
     headers: dict[str, str]
     client_stream: bool
     client_include_usage: bool
+    body_bytes: int = 0  # the client's body size: a larger one is encoded off the event loop
     started_s: float = field(default_factory=time.monotonic)
 
 
@@ -68,7 +71,7 @@ class Session:
     retries and failovers spend the pool's retry budget through it), the fleet (who is in rotation;
     breakers and slow-worker ejection hear each attempt's outcome), the upstream client and its
     timeouts, the metrics, and the model's tokenizer (None when only an approximate one is known)
-    for continuing after a failover. The ticket ends exactly once: in
+    for continuing after a failover; offload encodes a large body off the event loop. The ticket ends exactly once: in
     start() when no attempt could begin the answer, else at the end of stream() or collect()."""
 
     req: ProxyRequest
@@ -80,6 +83,7 @@ class Session:
     metrics: GatewayMetrics
     tokenizer: RoutingTokenizer | None
     rng: random.Random
+    offload: Offloader
     # what happened so far
     tried: list[str] = field(default_factory=list)
     attempt: Attempt | None = None
@@ -113,7 +117,7 @@ class Session:
         ApiError when no worker could take the request; the ticket has failed then.
         """
         try:
-            return await self._open_with_retries(self._upstream_body(self.req.body), first=True)
+            return await self._open_with_retries(await self._payload(self.req.body), first=True)
         except ApiError as error:  # no worker took it, or its deadline passed first
             self.ticket.failed(error.code or "upstream_unavailable")
             raise
@@ -124,7 +128,7 @@ class Session:
             self.ticket.failed("client_gone")
             raise
 
-    async def _open_with_retries(self, body: dict[str, Any], first: bool, path: str | None = None) -> list[SseEvent]:
+    async def _open_with_retries(self, payload: bytes, first: bool, path: str | None = None) -> list[SseEvent]:
         last_error: UpstreamError | None = None
         for attempt_no in range(self.settings.max_retries + 1):
             worker_id = self._next_candidate()
@@ -140,7 +144,7 @@ class Session:
                 self.metrics.retries.labels(pool=self.req.pool).inc()
                 await asyncio.sleep(full_jitter_backoff_s(attempt_no, self.rng))
             try:
-                return await self._try(worker_id, body, path or self.req.path)
+                return await self._try(worker_id, payload, path or self.req.path)
             except UpstreamError as error:
                 if not error.retryable:
                     raise
@@ -155,7 +159,7 @@ class Session:
                 return worker_id
         return None
 
-    async def _try(self, worker_id: str, body: dict[str, Any], path: str) -> list[SseEvent]:
+    async def _try(self, worker_id: str, payload: bytes, path: str) -> list[SseEvent]:
         worker = self.fleet.workers[worker_id]
         self.tried.append(worker_id)
         worker.breaker.begin_attempt()
@@ -163,7 +167,7 @@ class Session:
         attempt = None
         up = self.settings
         try:
-            attempt = await open_attempt(self.upstream, worker_id, worker.url + path, body, self.req.headers,
+            attempt = await open_attempt(self.upstream, worker_id, worker.url + path, payload, self.req.headers,
                                          up.connect_timeout_s, up.first_byte_timeout_s, up.idle_timeout_s)
             held = await wait_first_progress(attempt, up.first_byte_timeout_s)
         except BaseException as error:  # refused, failed, or cancelled (the client left): the worker did not serve it
@@ -179,6 +183,10 @@ class Session:
         attempt.expected_first_byte_s = self.ticket.first_token()
         self.attempt = attempt
         return held
+
+    async def _payload(self, body: dict[str, Any]) -> bytes:
+        """The upstream body, encoded once for all its attempts (off the event loop when large)."""
+        return await self.offload.run_yielding(self.req.body_bytes, dump_json, self._upstream_body(body))
 
     def _upstream_body(self, body: dict[str, Any]) -> dict[str, Any]:
         """Always stream from the worker (timeouts, failover and usage work the same for both), with
@@ -359,7 +367,7 @@ class Session:
             return [SseEvent(b"", "", self._synthetic_finish("length"))]
         self.usage, self.usage_raw = None, None
         try:
-            return await self._open_with_retries(self._upstream_body(body), first=False, path=path)
+            return await self._open_with_retries(await self._payload(body), first=False, path=path)
         except ApiError:
             self.end_reason = "failover_failed"
             raise

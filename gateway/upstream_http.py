@@ -15,7 +15,6 @@ was idle-closed as the request went out) is sent once more on a fresh connection
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 import time
 from collections import deque
@@ -30,7 +29,6 @@ KEEPALIVE_EXPIRY_S = 4.0  # below the worker's idle close (uvicorn's timeout_kee
 MAX_IDLE_PER_ORIGIN = 1024
 
 Origin = tuple[str, str, int]  # scheme, host, port
-_REQUEST_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)  # built once
 
 
 class _Connection(asyncio.Protocol):
@@ -173,7 +171,7 @@ class UpstreamResponse:
 
 
 class UpstreamClient:
-    """POST JSON, stream the answer: `await client.post_stream(url, body, headers, connect_timeout_s)`."""
+    """POST JSON, stream the answer: `await client.post_stream(url, payload, headers, connect_timeout_s)`."""
 
     def __init__(self, *, keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S, clock=time.monotonic) -> None:
         self._idle: dict[Origin, list[_Connection]] = {}
@@ -182,14 +180,13 @@ class UpstreamClient:
         self._clock = clock
         self._ssl: ssl.SSLContext | None = None
 
-    async def post_stream(self, url: str, body: dict[str, Any], headers: dict[str, str],
+    async def post_stream(self, url: str, payload: bytes, headers: dict[str, str],
                           connect_timeout_s: float) -> UpstreamResponse:
-        """Send the request and wait for the response headers (the caller bounds the wait). On a
+        """Send payload (the JSON body, encoded) and wait for the response headers (the caller bounds the wait). On a
         pooled connection the worker closed before answering a byte, the request goes once more on
         a fresh connection; a fresh connection's failure is raised as it is."""
         origin, target = self._target(url)
-        data = _REQUEST_JSON.encode(body).encode()
-        request = _request_head(origin, target, headers, len(data)) + data
+        request = _request_head(origin, target, headers, len(payload)) + payload
         conn = self._pop_idle(origin)
         if conn is not None:
             try:

@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -129,3 +130,13 @@ def _is_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def default_model_dir() -> Path:
+    """The default model's folder (an HF Llama folder: tokenizer.json, chat template), converted once
+    by the worker's own command: load tests meet the worker package only as a program."""
+    argv = [sys.executable, "-m", "worker.model.default_model"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=Path(__file__).resolve().parents[1])
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed:\n{out.stderr[-3000:]}")
+    return Path(out.stdout.strip().splitlines()[-1])

@@ -24,7 +24,7 @@ from router.policies import build_policy
 from router.rules import RoutingRule, RoutingRules
 from router.subscriber import KvEventSubscriber
 from router.ticket import ClosedLoopStats, Prediction, RouteTicket, TicketBooks
-from router.tokenization import RoutingTokenizer
+from router.tokenization import RoutingTokenizer, check_num_tokens
 from router.types import Policy, RouteDecision, RouteRequest, WorkerSpec, WorkerView
 
 
@@ -149,12 +149,23 @@ class Router:
         tokenizing: admission queues a request in that pool's queue before it is routed."""
         return self._candidates(self._rule_for(req), req.model)[0]
 
-    def route(self, req: RouteRequest) -> RouteTicket:
-        """Tokenize, key, match, score: a ticket with the ranked candidates, the first recorded as predicted."""
+    def tokenize(self, req: RouteRequest, pool: str) -> list[int]:
+        """req's prompt as token ids, checked against pool's max_model_len (PromptTooLongError,
+        InputTooDeepError): what route() does first, for a caller that runs it off its event loop.
+        Safe beside route() in another thread: it reads only the model's tokenizer and the limit."""
+        tokenizer = self._tokenizers.get(req.model, self._approximate)
+        return self._tokenize(tokenizer, req, self._max_model_lens.get(pool))
+
+    def route(self, req: RouteRequest, token_ids: list[int] | None = None) -> RouteTicket:
+        """Tokenize (unless token_ids, from tokenize(), are given), key, match, score: a ticket with
+        the ranked candidates, the first recorded as predicted."""
         rule = self._rule_for(req)
         pool, specs = self._candidates(rule, req.model)
         tokenizer = self._tokenizers.get(req.model, self._approximate)
-        token_ids = self._tokenize(tokenizer, req, self._max_model_lens.get(pool))
+        if token_ids is None:
+            token_ids = self._tokenize(tokenizer, req, self._max_model_lens.get(pool))
+        else:  # tokenized for the pool the request was meant for; it may have fallen back since
+            check_num_tokens(len(token_ids), self._max_model_lens.get(pool))
         num_prompt_tokens = len(token_ids)
         seed = model_seed(req.model, self._cache_salts.get(req.tenant) if req.tenant else None)
         keys_by_size = self._keys_by_block_size(token_ids, seed, {s.block_size for s in specs})

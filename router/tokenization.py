@@ -3,11 +3,16 @@
 It also refuses what it cannot or should not encode, before the work: messages or tools nested
 deeper than MAX_JSON_DEPTH (InputTooDeepError), and prompts longer than a given max_num_tokens
 (PromptTooLongError; text is measured against a cheap lower bound before it is tokenized).
+
+Thread-safe: the gateway tokenizes a large prompt in a worker thread beside its event loop
+(kvgate/offload.py); the tokenizer is called so that it lets go of the interpreter lock, and the
+prefix cache is locked.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -20,6 +25,7 @@ import xxhash
 from tokenizers import Tokenizer
 
 from kvgate.chat_template import ChatTemplateError, compile_chat_template
+from kvgate.offload import encode_releasing_gil
 from router.block_keys import _U32_TYPECODE
 from router.errors import InputTooDeepError, PromptTooLongError
 
@@ -76,6 +82,7 @@ class RoutingTokenizer:
             i for i, t in (tokenizer.get_added_tokens_decoder().items() if tokenizer else ()) if t.special
         )
         self._cache: OrderedDict[int, _CachedRender] = OrderedDict()
+        self._cache_lock = threading.Lock()  # the gateway tokenizes large prompts in a thread (kvgate.offload)
         self._cache_entries = prefix_cache_entries
         self._max_token_chars: int | None = None  # the longest vocabulary entry, read on first use
 
@@ -107,7 +114,7 @@ class RoutingTokenizer:
         """Plain text without special tokens (e.g. generated output, to count or continue it)."""
         if self._tokenizer is None:
             return _approximate_ids(text)
-        return self._tokenizer.encode(text, add_special_tokens=False).ids
+        return encode_releasing_gil(self._tokenizer, text, False).ids
 
     def encode_prompt(self, prompt: str | Sequence[int], *, max_num_tokens: int | None = None) -> list[int]:
         """A completions prompt: text with special tokens added, or token ids as given (a list is
@@ -118,13 +125,13 @@ class RoutingTokenizer:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]  # a batch of one, as the worker reads it
         if not isinstance(prompt, str):
-            _check_num_tokens(len(prompt), max_num_tokens)
+            check_num_tokens(len(prompt), max_num_tokens)
             return prompt if isinstance(prompt, list) else list(prompt)
         self._check_text_fits(prompt, max_num_tokens)
         if self._tokenizer is None:
             return _approximate_ids(prompt)
-        token_ids = self._tokenizer.encode(prompt, add_special_tokens=True).ids
-        _check_num_tokens(len(token_ids), max_num_tokens)
+        token_ids = encode_releasing_gil(self._tokenizer, prompt, True).ids
+        check_num_tokens(len(token_ids), max_num_tokens)
         return token_ids
 
     def render_chat(
@@ -163,13 +170,14 @@ class RoutingTokenizer:
         hashes = _message_hashes(messages, tools, template_kwargs)
         token_ids = self._from_cache(text, hashes) if self._cache_entries else None
         if token_ids is None:
-            self.prefix_cache_misses += 1
-            encoding = self._tokenizer.encode(text, add_special_tokens=False)
+            with self._cache_lock:
+                self.prefix_cache_misses += 1
+            encoding = encode_releasing_gil(self._tokenizer, text, False)
             token_ids = encoding.ids
             self._store(hashes[-1], text, token_ids, encoding.offsets, 0, 0, None)
             if len(messages) > 1 and self._cache_entries:
                 self._store_shared_head(messages[:-1], hashes[-2], text, encoding, tools, template_kwargs)
-        _check_num_tokens(len(token_ids), max_num_tokens)
+        check_num_tokens(len(token_ids), max_num_tokens)
         return token_ids
 
     def max_num_tokens_fit(self, text: str, max_num_tokens: int) -> bool:
@@ -233,20 +241,22 @@ class RoutingTokenizer:
             return
         cut_char = encoding.offsets[cut][0]
         ids = array(_U32_TYPECODE, encoding.ids[:cut])
-        self._cache[key] = _CachedRender(len(head_text), _h128(head_text.encode()), cut_char, cut, ids)
-        self._cache.move_to_end(key)
+        self._put(key, _CachedRender(len(head_text), _h128(head_text.encode()), cut_char, cut, ids))
 
     # -- prefix cache ----------------------------------------------------------------------------
 
     def _from_cache(self, text: str, hashes: list[int]) -> list[int] | None:
         for key in reversed(hashes[:-1]):
-            entry = self._cache.get(key)
+            with self._cache_lock:
+                entry = self._cache.get(key)
             if entry is None:
                 continue
             if len(text) < entry.text_len or _h128(text[: entry.text_len].encode()) != entry.text_hash:
                 continue
-            self._cache.move_to_end(key)
-            self.prefix_cache_hits += 1
+            with self._cache_lock:
+                if key in self._cache:  # another thread may have evicted it meanwhile
+                    self._cache.move_to_end(key)
+                self.prefix_cache_hits += 1
             suffix_ids, suffix_offsets = self._encode_suffix(text[entry.cut_char :])
             token_ids = entry.token_ids[: entry.cut_token].tolist() + suffix_ids
             base_char = entry.cut_char - len(_SENTINEL)
@@ -261,7 +271,7 @@ class RoutingTokenizer:
         segment (pre-tokenizers such as Metaspace prepend_scheme="first" treat that one apart);
         the sentinel's tokens are dropped again.
         """
-        encoding = self._tokenizer.encode(_SENTINEL + suffix, add_special_tokens=False)
+        encoding = encode_releasing_gil(self._tokenizer, _SENTINEL + suffix, False)
         ids, offsets = encoding.ids, encoding.offsets
         start = next(i for i, token_id in enumerate(ids) if token_id in self._special_ids)
         return ids[start:], offsets[start:]  # offsets still count the sentinel
@@ -286,10 +296,14 @@ class RoutingTokenizer:
         else:
             return
         ids = array(_U32_TYPECODE, all_ids if all_ids is not None else new_ids)
-        self._cache[key] = _CachedRender(len(text), _h128(text.encode()), cut_char, cut_token, ids)
-        self._cache.move_to_end(key)
-        while len(self._cache) > self._cache_entries:
-            self._cache.popitem(last=False)
+        self._put(key, _CachedRender(len(text), _h128(text.encode()), cut_char, cut_token, ids))
+
+    def _put(self, key: int, entry: _CachedRender) -> None:
+        with self._cache_lock:
+            self._cache[key] = entry
+            self._cache.move_to_end(key)
+            while len(self._cache) > self._cache_entries:
+                self._cache.popitem(last=False)
 
 
 def _message_hashes(messages: Sequence[Mapping[str, Any]], tools: Any, template_kwargs: Mapping[str, Any]) -> list[int]:
@@ -302,7 +316,8 @@ def _message_hashes(messages: Sequence[Mapping[str, Any]], tools: Any, template_
     return hashes
 
 
-def _check_num_tokens(num_tokens: int, max_num_tokens: int | None) -> None:
+def check_num_tokens(num_tokens: int, max_num_tokens: int | None) -> None:
+    """PromptTooLongError when num_tokens exceeds max_num_tokens (None: no limit)."""
     if max_num_tokens is not None and num_tokens > max_num_tokens:
         raise PromptTooLongError(max_num_tokens, num_tokens)
 

@@ -92,18 +92,6 @@ _NEUTRAL_ONLY = (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repeti
                  ("min_tokens", 0.0))
 
 
-def parse_json(body: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ApiError(400, "request body is nested too deeply") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "request body must be a JSON object")
-    return data
-
-
 def parse_completion(data: dict[str, Any], header_priority: int | None = None) -> GenerateRequest:
     text, token_ids = _prompt(data.get("prompt"))
     _reject_unsupported(data, _UNSUPPORTED_COMPLETION)

@@ -26,11 +26,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from kvgate.api_error import ApiError
+from kvgate.json_body import parse_json_object
+from kvgate.offload import Offloader
 from worker.async_engine import AsyncEngine, EngineShutDown, RequestFailed
 from worker.engine.engine import RequestOutput
 from worker.metrics import WorkerMetrics
 from worker.model.tokenizer import ModelTokenizer
-from worker.openai_api import GenerateRequest, parse_chat, parse_completion, parse_json
+from worker.openai_api import GenerateRequest, parse_chat, parse_completion
 
 
 @dataclass(slots=True)
@@ -47,6 +49,7 @@ class WorkerState:
     metrics: WorkerMetrics
     num_token_ids: int  # rows of the model's embedding: a prompt's token ids must be below this
     created_s: int = dataclasses.field(default_factory=lambda: int(time.time()))
+    offload: Offloader = dataclasses.field(default_factory=Offloader)  # a large body is prepared off the loop
 
 
 def build_app(state: WorkerState) -> Starlette:
@@ -102,12 +105,9 @@ async def _chat_completions(request: Request) -> Response:
 async def _generate(request: Request, kind: str) -> Response:
     state = _state(request)
     try:
-        data = parse_json(await request.body())
-        parse = parse_completion if kind == "completion" else parse_chat
-        req = parse(data, _header_priority(request))
-        _check_model(state, req.model)
-        prompt_ids = _prompt_token_ids(state, req)
-        req = _fit_context(state, req, len(prompt_ids))
+        raw = await request.body()
+        req, prompt_ids = await state.offload.run_yielding(len(raw), _prepare, state, raw, kind,
+                                                           _header_priority(request))
     except ApiError as error:
         return error.response()
     prefix = "cmpl" if kind == "completion" else "chatcmpl"
@@ -125,6 +125,16 @@ async def _generate(request: Request, kind: str) -> Response:
     if final is None:
         return Response(status_code=499)
     return JSONResponse(shaper.full_response(*final), headers=headers)
+
+
+def _prepare(state: WorkerState, raw: bytes, kind: str, header_priority: int | None, *,
+             yielding: bool) -> tuple[GenerateRequest, list[int]]:
+    """The body as a request and its prompt's token ids (runs off the event loop for a large body)."""
+    data = parse_json_object(raw, yielding=yielding, max_prompt_tokens=state.max_model_len)
+    req = (parse_completion if kind == "completion" else parse_chat)(data, header_priority)
+    _check_model(state, req.model)
+    prompt_ids = _prompt_token_ids(state, req)
+    return _fit_context(state, req, len(prompt_ids)), prompt_ids
 
 
 def _header_priority(request: Request) -> int | None:

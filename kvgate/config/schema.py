@@ -29,14 +29,16 @@ class ServerConfig:
 
 @dataclass(frozen=True, slots=True)
 class LimitsConfig:
-    """Request size limits enforced before a request is parsed."""
+    """Request size limits enforced before a request is parsed, and the size from which a request's
+    parsing, tokenizing and encoding run off the event loop (kvgate/offload.py)."""
 
     max_body_bytes: int = 4 * 1024 * 1024
     max_header_count: int = 100
     max_header_bytes: int = 16 * 1024
+    offload_min_bytes: int = 8 * 1024
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_header_count", "max_header_bytes"):
+        for name in ("max_body_bytes", "max_header_count", "max_header_bytes", "offload_min_bytes"):
             check_positive(getattr(self, name), name)
 
 

@@ -20,7 +20,7 @@ from kvgate.clock import ManualClock
 
 ANSWER = b'data: {"choices":[{"index":0,"text":"hi"}]}\n\ndata: [DONE]\n\n'
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n"
-BODY = {"model": "tiny", "prompt": "hi", "stream": True}
+BODY = b'{"model":"tiny","prompt":"hi","stream":true}'
 
 Plan = Callable[[int, int], str]  # (connection number, request number on it) -> what the worker does
 

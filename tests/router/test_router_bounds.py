@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import random
 import resource
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -33,8 +34,13 @@ def make_router(clock, *, key_cache: PrefixKeyCache | None = None, index: KvInde
 
 
 @pytest.fixture(scope="module")
-def exact_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> RoutingTokenizer:
-    return RoutingTokenizer.from_dir(write_model_dir(tmp_path_factory.mktemp("model"), "byte_level", CHATML_TEMPLATE))
+def exact_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory):
+    return write_model_dir(tmp_path_factory.mktemp("model"), "byte_level", CHATML_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def exact_tokenizer(exact_tokenizer_dir) -> RoutingTokenizer:
+    return RoutingTokenizer.from_dir(exact_tokenizer_dir)
 
 
 def test_a_token_id_prompt_longer_than_max_model_len_is_refused_before_hashing(clock) -> None:
@@ -223,3 +229,47 @@ def test_tokenizer_bound_never_refuses_what_fits(exact_tokenizer: RoutingTokeniz
     num_tokens = len(exact_tokenizer.encode_prompt(text))
     assert exact_tokenizer.max_num_tokens_fit(text, num_tokens)
     assert exact_tokenizer.encode_prompt(text, max_num_tokens=num_tokens)
+
+
+# -- tokenizing apart from routing (the gateway does it off its event loop for a large request) --------
+
+
+def test_ids_tokenized_apart_route_like_a_request_the_router_tokenizes(clock, exact_tokenizer) -> None:
+    messages = [{"role": "system", "content": "You route requests."}, {"role": "user", "content": "hello " * 300}]
+    req = RouteRequest(model="m", messages=messages)
+    router = make_router(clock, tokenizers={"m": exact_tokenizer})
+    token_ids = router.tokenize(req, "main")
+    assert token_ids == exact_tokenizer.encode_chat(messages)
+    apart = router.route(req, token_ids).decision
+    together = make_router(clock, tokenizers={"m": exact_tokenizer}).route(req).decision
+    assert (apart.num_prompt_tokens, apart.worker_ids) == (together.num_prompt_tokens, together.worker_ids)
+
+
+def test_tokenize_refuses_a_prompt_longer_than_the_pools_limit(clock) -> None:
+    with pytest.raises(PromptTooLongError):
+        make_router(clock).tokenize(RouteRequest(model="m", prompt=list(range(MAX_MODEL_LEN + 1))), "main")
+
+
+def test_ids_tokenized_for_one_pool_are_checked_again_against_the_pool_routed_to(clock) -> None:
+    """The pool may fall back to another, with a lower limit, between tokenizing and routing."""
+    pools = {"main": [WorkerSpec("w0", "m", 16)], "spare": [WorkerSpec("s0", "m", 16)]}
+    router = Router(pools, RoutingRules((rule("default", "main", fallback_pool="spare"),)), clock=clock,
+                    max_model_lens={"main": 4096, "spare": 512})
+    req = RouteRequest(model="m", prompt=list(range(1000)))
+    token_ids = router.tokenize(req, "main")
+    router.set_in_rotation("w0", False)
+    with pytest.raises(PromptTooLongError):
+        router.route(req, token_ids)
+
+
+def test_the_routing_tokenizer_gives_the_same_ids_from_many_threads(exact_tokenizer_dir) -> None:
+    """Its prefix cache is shared by the event loop and the gateway's offload thread."""
+    shared = RoutingTokenizer.from_dir(exact_tokenizer_dir, prefix_cache_entries=16)  # evictions race lookups
+    system = {"role": "system", "content": "You are a helpful assistant. " * 20}
+    conversations = [[system, {"role": "user", "content": f"question {i} " * (i % 7 + 1)}] for i in range(200)]
+    expected = [RoutingTokenizer.from_dir(exact_tokenizer_dir, prefix_cache_entries=0).encode_chat(c)
+                for c in conversations]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(shared.encode_chat, conversations * 3))
+    assert got == expected * 3
+    assert shared.prefix_cache_hits > 0

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from worker.openai_api import (MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, ApiError, parse_chat,
-                               parse_completion, parse_json)
+                               parse_completion)
 
 USER = [{"role": "user", "content": "What is 2+2?"}]
 
@@ -205,10 +205,3 @@ def test_stop_conditions_at_the_limits_are_accepted():
 ], ids=["completion-body-ignored", "chat-body-ignored", "header-wins-over-body", "any-body-value-accepted"])
 def test_priority_comes_from_the_gateway_header_never_from_the_body(parse, body, header_priority, expected):
     assert parse(body, header_priority).priority == expected
-
-
-def test_a_body_nested_deeper_than_the_parser_allows_is_a_400():
-    deep = b'{"model": "tiny", "prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}"
-    with pytest.raises(ApiError) as info:
-        parse_json(deep)
-    assert info.value.status == 400 and "nested too deeply" in info.value.message

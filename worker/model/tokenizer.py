@@ -9,6 +9,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from kvgate.offload import encode_releasing_gil
 from worker.model.chat_template import render_chat_template
 from worker.model.errors import ModelFileNotFoundError
 
@@ -34,7 +35,8 @@ class ModelTokenizer:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        """Token ids of text (the interpreter lock is released while it tokenizes: kvgate.offload)."""
+        return encode_releasing_gil(self.tokenizer, text, add_special_tokens).ids
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
