@@ -1,5 +1,6 @@
 """Pieces of a streamed answer's chunks: tool-call deltas and logprobs folded into the whole answer (for a
-non-streaming client), and whether a chunk carries token ids."""
+non-streaming client), a completions chunk's logprobs shown as a chat's (a chat continued through
+completions after a failover), and whether a chunk carries token ids."""
 
 from __future__ import annotations
 
@@ -33,6 +34,22 @@ def merge_logprobs(merged: dict[str, Any] | None, part: dict[str, Any]) -> dict[
         elif key not in merged:
             merged[key] = value
     return merged
+
+
+def chat_logprobs(completion: dict[str, Any], num_top: int) -> dict[str, Any]:
+    """A completions chunk's logprobs (tokens, token_logprobs, top_logprobs: token -> logprob) as a
+    chat chunk's (content: token, logprob, bytes, and the num_top likeliest as top_logprobs)."""
+    tops = completion.get("top_logprobs") or []
+    content = []
+    for i, (token, logprob) in enumerate(zip(completion.get("tokens") or [], completion.get("token_logprobs") or [])):
+        top = sorted((tops[i] or {}).items(), key=lambda item: -item[1])[:num_top] if i < len(tops) else []
+        content.append({"token": token, "logprob": logprob, "bytes": _utf8(token),
+                        "top_logprobs": [{"token": t, "logprob": lp, "bytes": _utf8(t)} for t, lp in top]})
+    return {"content": content}
+
+
+def _utf8(token: str) -> list[int]:
+    return list(token.encode("utf-8", "replace"))
 
 
 def carries_token_ids(payload: dict[str, Any]) -> bool:

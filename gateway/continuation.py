@@ -15,11 +15,17 @@ _CONTINUATION_FIELDS = ("model", "temperature", "top_p", "top_k", "min_p", "seed
                         "stream", "stream_options", "user")
 
 
-def token_id_continuation(request_body: dict[str, Any], token_ids: list[int],
+def token_id_continuation(kind: str, request_body: dict[str, Any], token_ids: list[int],
                           delivered_tokens: int) -> dict[str, Any] | None:
-    """The completions request that continues an answer from its token ids (the prompt's and those
-    generated so far); None if its max_tokens are used up."""
+    """The completions request that continues an answer (of kind "chat" or "completion") from its
+    token ids (the prompt's and those generated so far); None if its max_tokens are used up. A
+    chat's logprobs (true, with top_logprobs) are asked as completions ask them (the number of top
+    logprobs); the session shows them to the client as a chat's again (gateway/chunks.py)."""
     body = {key: request_body[key] for key in _CONTINUATION_FIELDS if key in request_body}
+    if kind == "completion" and request_body.get("logprobs") is not None:
+        body["logprobs"] = request_body["logprobs"]
+    elif kind == "chat" and request_body.get("logprobs"):
+        body["logprobs"] = request_body.get("top_logprobs") or 0
     limit = request_body.get("max_completion_tokens") or request_body.get("max_tokens")
     if limit is not None:
         if int(limit) - delivered_tokens < 1:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from gateway.admission import Permit
-from gateway.chunks import carries_token_ids, merge_logprobs, merge_tool_call_deltas
+from gateway.chunks import carries_token_ids, chat_logprobs, merge_logprobs, merge_tool_call_deltas
 from gateway.continuation import text_continuation, token_id_continuation
 from gateway.errors import UpstreamError
 from gateway.fleet import Fleet
@@ -98,6 +98,7 @@ class Session:
     first_token_s: float | None = None
     last_token_s: float | None = None
     delivered_tokens_at_failover: int = 0
+    text_offset_base: int = 0  # characters of the answer before the last failover (a continuation counts from 0)
     token_ids: list[int] = field(default_factory=list)  # generated so far (return_token_ids)
     prompt_token_ids: list[int] | None = None  # the prompt as the first worker tokenized (chat: rendered) it
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # streamed tool-call deltas, by index
@@ -305,8 +306,19 @@ class Session:
         if tool_calls:
             merge_tool_call_deltas(self.tool_calls, tool_calls)
         if isinstance(choice.get("logprobs"), dict):
+            if self.failovers:
+                choice["logprobs"] = self._continued_logprobs(choice["logprobs"])
             self.logprobs = merge_logprobs(self.logprobs, choice["logprobs"])
         return [self._for_client(event)]
+
+    def _continued_logprobs(self, logprobs: dict[str, Any]) -> dict[str, Any]:
+        """A continuation's logprobs as the client's answer has them: a chat's as a chat's (it went on
+        through completions), completions' text offsets counted from the start of the whole answer."""
+        if self.req.kind == "chat" and "content" not in logprobs:
+            return chat_logprobs(logprobs, int(self.req.body.get("top_logprobs") or 0))
+        if isinstance(logprobs.get("text_offset"), list):
+            return {**logprobs, "text_offset": [offset + self.text_offset_base for offset in logprobs["text_offset"]]}
+        return logprobs
 
     def _for_client(self, event: SseEvent) -> bytes:
         """The event as the client sees it: as the worker sent it, unless the gateway asked for token
@@ -332,7 +344,7 @@ class Session:
             choice.pop("prompt_token_ids", None)
         if self.req.kind == "chat" and "delta" not in choice:  # a completions chunk continuing a chat
             choice = {"index": choice.get("index", 0), "delta": {"content": choice.pop("text", "")},
-                      "logprobs": None, "finish_reason": choice.get("finish_reason"),
+                      "logprobs": choice.get("logprobs"), "finish_reason": choice.get("finish_reason"),
                       **({"token_ids": choice["token_ids"]} if wants_ids and "token_ids" in choice else {})}
         return choice
 
@@ -360,6 +372,7 @@ class Session:
             raise ApiError(502, f"worker failed mid-stream ({error}) during a tool call, which cannot be continued "
                            "on another worker", "upstream_error", code="failover_failed")
         self.failovers += 1
+        self.text_offset_base = len(self.text)
         path, body, mode = self._continuation()
         self.metrics.failovers.labels(pool=self.req.pool, mode=mode).inc()
         if body is None:  # the answer had already used its whole max_tokens
@@ -384,7 +397,8 @@ class Session:
         the delivered text ("text": it may not re-tokenize to the same ids)."""
         if self.prompt_token_ids is not None and self.token_ids:
             self.delivered_tokens_at_failover = len(self.token_ids)
-            body = token_id_continuation(self.req.body, self.prompt_token_ids + self.token_ids, len(self.token_ids))
+            body = token_id_continuation(self.req.kind, self.req.body, self.prompt_token_ids + self.token_ids,
+                                         len(self.token_ids))
             return "/v1/completions", body, "token_ids"
         delivered = self._count_tokens(self.text)
         self.delivered_tokens_at_failover = delivered

@@ -3,7 +3,7 @@
 usage: fake_worker.py PORT MODE
   (MODE: status503 | status500 | status429 | hang | hang_after_headers | hang_first | answer | slow | hold |
    trickle | stall_mid_stream | fail_twice_then_trickle | error_before_token | finish_without_usage |
-   tool_call)
+   tool_call | logprobs_die_mid_stream)
 answer streams a one-token completion at once; slow does the same after SLOW_FIRST_TOKEN_S; hold
 answers its first token at once and finishes after HOLD_S (a request that takes a while to serve);
 hang_first hangs after the headers on its first request and answers the others;
@@ -12,6 +12,9 @@ status500 / status429 answer that status; fail_twice_then_trickle answers 503 tw
 error_before_token answers 200 and streams an error event before any token; finish_without_usage
 streams two tokens, the last with its finish reason, then ends the stream (no usage, no [DONE]);
 tool_call streams a chat answer that calls get_weather, its arguments in two deltas, with logprobs;
+logprobs_die_mid_stream answers like vLLM asked for token ids and logprobs: a chat, or a completion of a
+text prompt, streams "A" and "B" and then drops the connection; a completion of a token-id prompt (a
+failover's continuation) streams "C" and "D" to its end;
 GET /calls counts requests ("generate") and streams (trickle, hang_after_headers, hang_first) cut off by the
 client ("cancelled"); GET /requests lists every request's headers and JSON body, in order.
 /health always answers 200 so the worker stays in rotation: only the breaker, the timeouts
@@ -48,6 +51,10 @@ async def generate(request: Request) -> Response:
                                                          "code": 500}})]), media_type="text/event-stream")
     if MODE == "tool_call":
         return StreamingResponse(iter(tool_call_chunks()), media_type="text/event-stream")
+    if MODE == "logprobs_die_mid_stream":
+        body = received[-1]["body"]
+        return StreamingResponse(logprob_chunks(request.url.path.endswith("chat/completions"), body["prompt"]
+                                                if "prompt" in body else None), media_type="text/event-stream")
     if MODE == "finish_without_usage":
         return StreamingResponse(iter([token("hi"), token(" there", "stop")]), media_type="text/event-stream")
     if MODE == "hang":
@@ -104,6 +111,40 @@ def tool_call_chunks() -> list[bytes]:
             chunk({}, "tool_calls"),
             event({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}),
             b"data: [DONE]\n\n"]
+
+
+async def logprob_chunks(chat: bool, prompt):
+    """Two tokens and a dropped connection, or (a continuation: a token-id prompt) two tokens to the end."""
+    def chunk(text: str, token_id: int, finish_reason: str | None = None, **extra) -> bytes:
+        logprob = -0.25 * (token_id - 64)
+        if chat:
+            logprobs = {"content": [{"token": text, "logprob": logprob, "bytes": list(text.encode()),
+                                     "top_logprobs": [{"token": text, "logprob": logprob, "bytes": list(text.encode())}]}]}
+            choice = {"index": 0, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": finish_reason,
+                      "token_ids": [token_id]}
+            return event({"object": "chat.completion.chunk", "choices": [choice], **extra})
+        logprobs = {"tokens": [text], "token_logprobs": [logprob], "top_logprobs": [{text: logprob, "Z": -9.0}],
+                    "text_offset": [token_id - 67 if isinstance(prompt, list) else token_id - 65]}
+        return event({"choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+                                   "token_ids": [token_id], **extra}]})
+
+    if isinstance(prompt, list):  # the continuation
+        yield chunk("C", 67)
+        yield chunk("D", 68, "length")
+        yield event({"choices": [], "usage": {"prompt_tokens": len(prompt), "completion_tokens": 2,
+                                              "total_tokens": len(prompt) + 2}})
+        yield b"data: [DONE]\n\n"
+        return
+    if chat:
+        yield event({"object": "chat.completion.chunk", "prompt_token_ids": [1, 2, 3],
+                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                  "finish_reason": None}]})
+        yield chunk("A", 65)
+    else:
+        yield chunk("A", 65, prompt_token_ids=[1, 2, 3])
+    yield chunk("B", 66)
+    await asyncio.sleep(0.05)
+    raise RuntimeError("the worker dies mid-stream")  # uvicorn drops the connection
 
 
 async def tokens():

@@ -13,11 +13,20 @@ def test_a_chat_continues_from_its_token_ids_as_a_completions_prompt_with_its_sa
     request = _chat_request(messages=[{"role": "user", "content": "hi"}], tools=[{"type": "function"}],
                             temperature=0, stop=["\n\n"], max_completion_tokens=10, logprobs=True,
                             stream=True, continue_final_message=False)
-    body = token_id_continuation(request, [1, 2, 3, 7, 8], delivered_tokens=2)
+    body = token_id_continuation("chat", request, [1, 2, 3, 7, 8], delivered_tokens=2)
     assert body == {"model": "m", "temperature": 0, "stop": ["\n\n"], "stream": True, "max_tokens": 8,
-                    "prompt": [1, 2, 3, 7, 8]}
+                    "prompt": [1, 2, 3, 7, 8], "logprobs": 0}
 
 
 def test_nothing_continues_an_answer_that_used_its_max_tokens():
-    assert token_id_continuation(_chat_request(max_tokens=2), [1, 7, 8], delivered_tokens=2) is None
-    assert token_id_continuation(_chat_request(), [1, 7], delivered_tokens=1)["prompt"] == [1, 7]  # no limit
+    assert token_id_continuation("chat", _chat_request(max_tokens=2), [1, 7, 8], delivered_tokens=2) is None
+    assert token_id_continuation("chat", _chat_request(), [1, 7], delivered_tokens=1)["prompt"] == [1, 7]  # no limit
+
+
+def test_logprobs_are_asked_as_completions_ask_them():
+    chat = token_id_continuation("chat", _chat_request(logprobs=True, top_logprobs=3), [1, 7], delivered_tokens=1)
+    assert chat["logprobs"] == 3
+    assert "logprobs" not in token_id_continuation("chat", _chat_request(logprobs=False), [1, 7], delivered_tokens=1)
+    completion = token_id_continuation("completion", {"model": "m", "prompt": "a", "logprobs": 2}, [1, 7],
+                                       delivered_tokens=1)
+    assert completion["logprobs"] == 2

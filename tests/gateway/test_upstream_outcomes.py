@@ -7,6 +7,7 @@ still counted."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from contextlib import ExitStack
 
@@ -150,3 +151,47 @@ def test_a_streamed_tool_call_and_its_logprobs_are_assembled_in_a_non_streaming_
         assert choice["message"]["tool_calls"] == [{"id": "call_1", "type": "function", "function": {
             "name": "get_weather", "arguments": '{"city": "Paris"}'}}]
         assert [entry["logprob"] for entry in choice["logprobs"]["content"]] == [-0.5, -0.25, -0.125]
+
+
+def stream_events(gateway_url: str, path: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", f"{gateway_url}{path}", headers=AUTH, timeout=30, json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        lines = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: {")]
+    return [json.loads(line) for line in lines]
+
+
+def test_a_chats_logprobs_go_on_as_a_chats_after_a_failover_from_token_ids(tmp_path):
+    """The continuation (completions, from the token ids) asks for the chat's top_logprobs; its
+    completions logprobs reach the client as chat logprobs, streamed and assembled."""
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 1,
+            "max_tokens": 4}
+    with ExitStack() as stack:
+        gateway, workers = start_fleet(stack, tmp_path, {"a": "logprobs_die_mid_stream", "b": "logprobs_die_mid_stream"},
+                                       upstream={"retry_budget_min_per_s": 10.0})
+        events = stream_events(gateway.url, "/v1/chat/completions", chat)
+        choices = [e["choices"][0] for e in events if e["choices"]]
+        assert "".join(c["delta"].get("content") or "" for c in choices) == "ABCD"
+        assert all("delta" in c and "text" not in c for c in choices)
+        content = [entry for c in choices if c["logprobs"] for entry in c["logprobs"]["content"]]
+        assert [(e["token"], e["logprob"], e["bytes"]) for e in content] == \
+            [("A", -0.25, [65]), ("B", -0.5, [66]), ("C", -0.75, [67]), ("D", -1.0, [68])]
+        assert [[t["token"] for t in e["top_logprobs"]] for e in content] == [["A"], ["B"], ["C"], ["D"]]
+        continuation = [r["body"] for w in workers.values() for r in httpx.get(f"{w.url}/requests").json()
+                        if isinstance(r["body"].get("prompt"), list)]
+        assert [(c["prompt"], c["logprobs"], c["max_tokens"]) for c in continuation] == [([1, 2, 3, 65, 66], 1, 2)]
+
+        answer = httpx.post(f"{gateway.url}/v1/chat/completions", headers=AUTH, timeout=30, json=chat).json()
+        choice = answer["choices"][0]
+        assert choice["message"]["content"] == "ABCD"
+        assert [e["token"] for e in choice["logprobs"]["content"]] == ["A", "B", "C", "D"]
+
+
+def test_a_completions_logprobs_text_offsets_count_from_the_answers_start_after_a_failover(tmp_path):
+    with ExitStack() as stack:
+        gateway, _ = start_fleet(stack, tmp_path, {"a": "logprobs_die_mid_stream", "b": "logprobs_die_mid_stream"},
+                                 upstream={"retry_budget_min_per_s": 10.0})
+        events = stream_events(gateway.url, "/v1/completions", {"model": MODEL, "prompt": "p", "logprobs": 1,
+                                                                "max_tokens": 4})
+        logprobs = [e["choices"][0]["logprobs"] for e in events if e["choices"]]
+        assert [(lp["tokens"], lp["text_offset"]) for lp in logprobs] == \
+            [(["A"], [0]), (["B"], [1]), (["C"], [2]), (["D"], [3])]
