@@ -131,11 +131,16 @@ class _RouterCollector:
                                         "Cached tokens the router expected at the chosen worker.", labels=["pool"])
         reported = CounterMetricFamily("kvgate_router_reported_cached_tokens",
                                        "Cached tokens the chosen worker reported.", labels=["pool"])
+        confirmed = CounterMetricFamily("kvgate_router_confirmed_cached_tokens",
+                                        "min(predicted, reported) cached tokens, summed: over a window, its increase "
+                                        "over predicted's is the window's prediction hit ratio.", labels=["pool"])
         for pool, loop in sorted(stats.closed_loop.items()):
             predicted.add_metric([pool], loop.predicted_cached_tokens)
             reported.add_metric([pool], loop.reported_cached_tokens)
+            confirmed.add_metric([pool], loop.confirmed_cached_tokens)
         yield predicted
         yield reported
+        yield confirmed
         ratio = stats.prediction_hit_ratio  # NaN until the router has predicted a cached token
         yield GaugeMetricFamily("kvgate_router_prediction_hit_ratio",
                                 "sum(min(predicted, reported)) / sum(predicted) cached tokens.",

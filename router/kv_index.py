@@ -11,15 +11,29 @@ a table insert per key; a decision walks it only when it holds the prompt's firs
 
 Both layers are bounded: confirmed by each worker's max_blocks (oldest evicted first), predicted
 by max_predicted_bytes: past it, the predictions due to expire first go early.
+
+Eviction: for a worker whose KV capacity is known (add_worker's max_blocks), the index also keeps
+an allocation clock (blocks the worker has stored, from its events), the keys pinned by requests
+routed there and not yet ended (record_prediction pins, release unpins), and for other keys the
+clock when each was last stored or freed. An engine's prefix cache evicts the least recently
+freed block when it needs one, so a key freed more allocations ago than the worker can make
+before it must evict it is about to go, or gone. match(eviction_horizons=...) counts a worker's
+prefix only up to its first such key, confirmed or predicted (ages grow along a chain: a prompt
+uses every block of its prefix).
+
+Landed predictions: a prediction counts as cached (landed_prefix) once its request has computed
+its prompt (prediction_landed, at its first token); an eviction event for a key a landed
+prediction covers ends that prediction there.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 import math
 import sys
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, count, islice, repeat
 from operator import ge, ne, or_
@@ -46,6 +60,10 @@ class _Worker:
     blocks: dict[Hashable, int] = field(default_factory=dict)  # engine hash -> key, oldest first
     extra_refs: dict[int, int] = field(default_factory=dict)  # key -> further engine hashes (rare)
     predicted: dict[int, float] = field(default_factory=dict)  # key -> expiry (clock seconds)
+    models_eviction: bool = False  # its capacity is known: the three fields below are kept
+    blocks_allocated: int = 0  # blocks it has stored so far (KV events): its allocation clock
+    last_used: dict[int, int] = field(default_factory=dict)  # key -> blocks_allocated when last stored or freed
+    in_use: Counter[int] = field(default_factory=Counter)  # key -> requests routed here that hold it (pinned)
 
 
 @dataclass(slots=True)
@@ -118,6 +136,7 @@ class KvIndex:
         self._next_slot = 0
         self._confirmed = MaskTable()
         self._predicted: dict[int, int] = {}
+        self._landed: dict[int, int] = {}  # predicted keys whose request has computed its prompt there
         self._expiry_heap: list[tuple[float, int, str, Sequence[int]]] = []
         self._heap_seq = 0
         self._num_heap_keys = 0  # keys of the predictions in the heap (their tuples)
@@ -133,7 +152,8 @@ class KvIndex:
             raise ValueError("max_blocks must be >= 1")
         slot = heapq.heappop(self._free_slots) if self._free_slots else self._take_slot()
         cap = max_blocks if max_blocks is not None else self.default_max_blocks
-        self._workers[worker_id] = _Worker(slot, 1 << slot, model_seed(model_name), cap)
+        self._workers[worker_id] = _Worker(slot, 1 << slot, model_seed(model_name), cap,
+                                           models_eviction=max_blocks is not None)
         self._worker_of_slot[slot] = worker_id
 
     def reserve(self, num_blocks: int) -> None:
@@ -147,6 +167,7 @@ class KvIndex:
         worker = self._worker(worker_id)
         self.clear_worker(worker_id)
         _clear_bit(self._predicted, worker.predicted, worker.bit)
+        _clear_bit(self._landed, worker.predicted, worker.bit)
         self._num_predicted_entries -= len(worker.predicted)
         del self._workers[worker_id]
         del self._worker_of_slot[worker.slot]
@@ -159,6 +180,8 @@ class KvIndex:
             self._confirmed.remove_bits_many(as_keys(list(worker.blocks.values())), worker.bit)
         worker.blocks = {}
         worker.extra_refs = {}
+        worker.last_used = {}  # whatever was predicted there is gone with the rest
+        worker.in_use = Counter()
         self.counters.workers_cleared += 1
 
     # -- confirmed layer -----------------------------------------------------------------------
@@ -220,17 +243,30 @@ class KvIndex:
                 self._unref(worker, blocks.pop(next(iter(blocks))))
                 counters.blocks_evicted += 1
         counters.blocks_stored += len(keys)
+        if worker.models_eviction:
+            worker.blocks_allocated += len(keys)
+            worker.last_used.update(zip(keys, repeat(worker.blocks_allocated)))
+            if len(worker.last_used) > _LAST_USED_SLACK * worker.max_blocks + _LAST_USED_MIN:
+                _forget_evicted(worker)
 
     def _apply_removed(self, worker: _Worker, event: BlockRemoved) -> None:
         if self._skips(event.medium):
             self.counters.events_skipped_medium += 1
             return
-        blocks = worker.blocks
+        blocks, landed, bit = worker.blocks, self._landed, worker.bit
         for engine_hash in event.block_hashes:
             key = blocks.pop(engine_hash, None)
             if key is not None:
                 self._unref(worker, key)
                 self.counters.blocks_removed += 1
+                if landed.get(key, 0) & bit:  # computed by a predicted request, now evicted: no longer predicted
+                    self._forget_predicted(worker, key)
+
+    def _forget_predicted(self, worker: _Worker, key: int) -> None:
+        if worker.predicted.pop(key, None) is not None:
+            self._num_predicted_entries -= 1
+        _clear_bit(self._predicted, (key,), worker.bit)
+        _clear_bit(self._landed, (key,), worker.bit)
 
     def _unref(self, worker: _Worker, key: int) -> None:
         extra = worker.extra_refs.get(key)
@@ -258,6 +294,8 @@ class KvIndex:
         worker = self._worker(worker_id)
         if not keys:
             return None
+        if worker.models_eviction:  # the request holds every block of its prompt there until it ends
+            worker.in_use.update(keys)
         if len(keys) > self.max_predicted_keys:
             keys = tuple(keys[: self.max_predicted_keys])
         now = self._clock()
@@ -290,7 +328,54 @@ class KvIndex:
         self._num_predicted_entries -= len(gone)
         if gone:
             _clear_bit(self._predicted, gone, worker.bit)
+            _clear_bit(self._landed, gone, worker.bit)
         return len(gone)
+
+    def release(self, worker_id: str, keys: Sequence[int]) -> None:
+        """A request routed to worker_id with keys (record_prediction) has ended: its blocks there
+        are free, and evictable from now on, least recently freed first."""
+        worker = self._workers.get(worker_id)
+        if worker is None or not worker.models_eviction:
+            return
+        in_use, last_used, now = worker.in_use, worker.last_used, worker.blocks_allocated
+        for key in keys:
+            count = in_use.get(key, 0)
+            if count > 1:
+                in_use[key] = count - 1
+            elif count:
+                del in_use[key]
+                last_used[key] = now
+
+    def blocks_in_use(self, worker_id: str) -> int:
+        """Distinct prompt blocks the requests routed to worker_id hold now (0 without a known capacity)."""
+        return len(self._workers[worker_id].in_use)
+
+    def prediction_landed(self, worker_id: str, keys: Sequence[int]) -> None:
+        """The request predicted with keys has computed its prompt at worker_id (its first token
+        came): those of its keys still predicted there are now cached, not just on their way."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return
+        predicted, landed, bit = worker.predicted, self._landed, worker.bit
+        for key in keys:
+            if key in predicted:
+                landed[key] = landed.get(key, 0) | bit
+
+    def landed_prefix(self, worker_id: str, keys: Sequence[int], length: int) -> int:
+        """How many of keys[:length] (a predicted prefix match() reported) lead as landed at worker_id:
+        predicted by a request that has computed its prompt there. A prediction still in prefill is
+        not cached yet: a request beside it computes the prefix again."""
+        bit, get = self._workers[worker_id].bit, self._landed.get
+        lo, hi = 0, length  # keys[:lo] landed; keys[hi:] unknown
+        if length and get(keys[length - 1], 0) & bit:
+            return length
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if get(keys[mid], 0) & bit:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
     def _expire(self, now: float) -> None:
         heap = self._expiry_heap
@@ -334,13 +419,18 @@ class KvIndex:
                 expiries.pop(key, None)
             self._num_predicted_entries -= num_entries - len(expiries)
             _clear_bit(self._predicted, stale, worker.bit)
+            _clear_bit(self._landed, stale, worker.bit)
 
     # -- lookup --------------------------------------------------------------------------------
 
-    def match(self, keys: Sequence[int]) -> dict[str, tuple[int, int]]:
+    def match(self, keys: Sequence[int], eviction_horizons: Mapping[str, int] | None = None
+              ) -> dict[str, tuple[int, int]]:
         """{worker: (confirmed_prefix_blocks, predicted_prefix_blocks)} for workers holding keys[0].
 
         A prefix length n means the worker holds keys 0..n-1; absent workers hold (0, 0).
+        eviction_horizons: for a worker whose capacity is known, how many more blocks it can
+        allocate before it evicts a block it could hold now (its free blocks, less those the work
+        queued ahead will take); keys last used longer ago than that are not counted.
         """
         self._expire(self._clock())
         names = self._worker_of_slot
@@ -356,6 +446,16 @@ class KvIndex:
             for slot, length in _predicted_prefix_lengths(keys, predicted).items():
                 name = names[slot]
                 result[name] = (result.get(name, _NONE)[0], length)
+        if eviction_horizons:
+            for name, (confirmed, predicted_len) in list(result.items()):
+                worker, horizon = self._workers[name], eviction_horizons.get(name)
+                if horizon is not None and worker.models_eviction:
+                    fresh = _fresh_prefix(keys, max(confirmed, predicted_len), worker.last_used, worker.in_use,
+                                          worker.blocks_allocated - horizon)
+                    if fresh:
+                        result[name] = (min(confirmed, fresh), min(predicted_len, fresh))
+                    else:
+                        del result[name]
         return result
 
     # -- report --------------------------------------------------------------------------------
@@ -383,6 +483,8 @@ class KvIndex:
 
 
 _NONE = (0, 0)
+_NEVER_USED = -(1 << 62)  # below any clock value
+_LAST_USED_SLACK, _LAST_USED_MIN = 4, 4096  # last_used is pruned past SLACK x max_blocks + MIN keys
 RESERVE_LIMIT_BLOCKS = 1 << 20  # reserve() allocates for at most this many keys (~64 MiB)
 _SMALL_PROMPT_KEYS = 48  # without the C walk: the crossover of per-key gets vs one numpy lookup (~25 µs)
 
@@ -415,6 +517,33 @@ def _predicted_prefix_lengths(keys: Sequence[int], masks: dict[int, int]) -> dic
                 hi = mid - 1
         _record(bits, lo, lengths)
     return lengths
+
+
+def _fresh_prefix(keys: Sequence[int], length: int, last_used: Mapping[int, int], in_use: Mapping[int, int],
+                  oldest: int) -> int:
+    """How many of keys[:length] lead in use by a request, or last used after oldest (clock values
+    fall along a chain, so by bisection; a key never seen counts as evicted)."""
+    get = last_used.get
+
+    def fresh(key: int) -> bool:
+        return key in in_use or get(key, _NEVER_USED) > oldest
+
+    if length == 0 or fresh(keys[length - 1]):
+        return length
+    lo, hi = 0, length - 1  # keys[:lo] are fresh, keys[hi] is not
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fresh(keys[mid]):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _forget_evicted(worker: _Worker) -> None:
+    """Drop last-use entries older than the worker's whole capacity: they are evicted whatever the horizon."""
+    oldest = worker.blocks_allocated - worker.max_blocks
+    worker.last_used = {key: used for key, used in worker.last_used.items() if used >= oldest}
 
 
 def _lengths_of(held: list[int]) -> dict[int, int]:

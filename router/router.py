@@ -169,13 +169,17 @@ class Router:
         num_prompt_tokens = len(token_ids)
         seed = model_seed(req.model, self._cache_salts.get(req.tenant) if req.tenant else None)
         keys_by_size = self._keys_by_block_size(token_ids, seed, {s.block_size for s in specs})
-        matches = {size: self._index.match(keys) for size, keys in keys_by_size.items()}
+        horizons = self._eviction_horizons(specs)
+        matches = {size: self._index.match(keys, horizons) for size, keys in keys_by_size.items()}
         views = self._views(specs, matches)
         policy = self._policy(rule)
         decision = policy.choose(_with_prompt(req, num_prompt_tokens, keys_by_size[specs[0].block_size]), views)
         chosen = decision.worker_id
         block_size = self._specs[chosen].block_size
         confirmed, predicted = matches[block_size].get(chosen, _NOTHING_HELD)
+        # what the request will find cached: a predicted prefix counts once its request has computed it
+        landed = (self._index.landed_prefix(chosen, keys_by_size[block_size], predicted)
+                  if predicted > confirmed else 0)
         # a tuple of ints: the index keeps it until the prediction expires (seconds), and unlike a
         # list the collector stops tracking it, so these don't pile up as long-lived GC objects
         keys = tuple(keys_by_size[block_size])
@@ -195,7 +199,7 @@ class Router:
             rule=rule.name,
             pool=pool,
             num_prompt_tokens=num_prompt_tokens,
-            predicted_cached_tokens=_cacheable_tokens(max(confirmed, predicted), block_size, num_prompt_tokens),
+            predicted_cached_tokens=_cacheable_tokens(max(confirmed, landed), block_size, num_prompt_tokens),
             tokenizer_mode=tokenizer.mode,
         )
         prediction = Prediction(chosen, keys, max(confirmed, predicted), expiry)
@@ -240,6 +244,23 @@ class Router:
     def _keys_by_block_size(self, token_ids: list[int], seed: int, sizes: set[int]) -> dict[int, list[int]]:
         packed = pack_tokens_u32le(token_ids)
         return {size: self._key_cache.keys(packed, size, seed) for size in sizes}
+
+    def _eviction_horizons(self, specs: list[WorkerSpec]) -> dict[str, int] | None:
+        """Per worker of known capacity: the blocks it can still allocate before evicting one it
+        holds now: its free blocks less the uncached prompts dispatched to it ahead (KvIndex.match
+        counts keys freed longer ago as evicted). Blocks in use: the scraped KV usage, or if more,
+        the prompt blocks of the requests routed there plus a partly filled block each (the
+        scrape is up to an interval old)."""
+        loads, horizons, index = self._load.loads, None, self._index
+        for spec in specs:
+            if spec.num_blocks is not None:
+                load = loads[spec.worker_id]
+                in_use = max(spec.num_blocks * (load.kv_usage_frac or 0.0),
+                             index.blocks_in_use(spec.worker_id) + load.in_flight_requests)
+                horizons = horizons or {}
+                queued_blocks = load.prefill_tokens_queued // spec.block_size
+                horizons[spec.worker_id] = int(spec.num_blocks - in_use) - queued_blocks
+        return horizons
 
     def _views(self, specs: list[WorkerSpec], matches: dict[int, dict[str, tuple[int, int]]]) -> list[WorkerView]:
         # every candidate was added to the load view with its spec; WorkerView(...) runs a Python __new__

@@ -117,6 +117,9 @@ class RouteTicket:
         if self.state != SENT or self._flight is None:
             return None
         self.state = STREAMING
+        prediction = self.prediction
+        if prediction is not None and prediction.worker_id == self.worker_id:  # its prompt is computed there now
+            self.books.index.prediction_landed(prediction.worker_id, prediction.keys)
         flight = self._flight
         rates = self._pool_prefill_rates()  # before the sample below moves this worker's rate
         work_tokens = self.books.load.on_first_token(flight)
@@ -140,6 +143,7 @@ class RouteTicket:
         usage = usage or {}
         served_in_one = self.attempts == 1 and self.state == STREAMING
         self._end_attempt(output_tokens=usage.get("completion_tokens") or 0)
+        self._release_prediction()
         self.state, self.outcome = ENDED, "finished"
         predicted = self.decision.predicted_cached_tokens
         if served_in_one and predicted is not None and self.worker_id == self.decision.worker_id:
@@ -151,6 +155,7 @@ class RouteTicket:
         if self.state == ENDED:
             return
         self._end_attempt(output_tokens=0)
+        self._release_prediction()
         self.state, self.outcome = ENDED, reason
 
     def _end_attempt(self, output_tokens: int) -> None:
@@ -160,6 +165,11 @@ class RouteTicket:
         if flight.first_token_at is None:  # the worker never computed the prompt: its prediction goes
             self._withdraw_prediction()
         self.books.load.on_finish(flight, output_tokens)
+
+    def _release_prediction(self) -> None:
+        """The request is over: the blocks its routing counted on are free at the chosen worker."""
+        if self.prediction is not None:
+            self.books.index.release(self.prediction.worker_id, self.prediction.keys)
 
     def _withdraw_prediction(self) -> None:
         prediction = self.prediction

@@ -31,7 +31,12 @@ def router(clock, index) -> Router:
 
 
 def route(router: Router, tenant: str | None):
-    return router.route(RouteRequest(model="m", prompt=PROMPT, tenant=tenant)).decision
+    """The decision for tenant's request; the request then computes its prompt where it was sent
+    (its first token), so what it was predicted to cache there counts for the next."""
+    ticket = router.route(RouteRequest(model="m", prompt=PROMPT, tenant=tenant))
+    ticket.dispatched(ticket.decision.worker_id)
+    ticket.first_token()
+    return ticket.decision
 
 
 def test_a_salt_gives_a_chain_of_its_own() -> None:

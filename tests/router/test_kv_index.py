@@ -308,3 +308,111 @@ def test_reserve_makes_room_up_front(clock) -> None:
     index.apply("w0", [stored(list(range(1, 1001)), list(range(1000 * B)))])
     assert index._confirmed.num_slots == slots  # no doubling while filling what was reserved
     assert index.match(block_keys(list(range(1000 * B)), B, MODEL)) == {"w0": (1000, 0)}
+
+
+# -- eviction: keys used longer ago than a worker can allocate before evicting are not counted ----------
+
+
+def chain(start: int, num_blocks: int) -> tuple[list[int], list[int]]:
+    """(tokens, keys) of a prompt of num_blocks blocks of its own."""
+    tokens = list(range(start, start + num_blocks * B))
+    return tokens, block_keys(tokens, B, MODEL)
+
+
+@pytest.fixture
+def sized(clock) -> KvIndex:
+    """w0 has a known capacity of 100 blocks; w1's is unknown (no eviction model)."""
+    idx = KvIndex(clock=clock, predicted_ttl_s=2.0)
+    idx.add_worker("w0", model_name=MODEL, max_blocks=100)
+    idx.add_worker("w1", model_name=MODEL)
+    return idx
+
+
+def store_chain(index: KvIndex, worker: str, tokens: list[int], first_hash: int) -> None:
+    num_blocks = len(tokens) // B
+    index.apply(worker, [stored(list(range(first_hash, first_hash + num_blocks)), tokens)])
+
+
+def test_a_prefix_used_more_allocations_ago_than_the_horizon_is_not_counted(sized: KvIndex) -> None:
+    tokens, keys = chain(1000, 10)
+    store_chain(sized, "w0", tokens, 1)
+    store_chain(sized, "w0", chain(5000, 60)[0], 100)  # 60 blocks allocated since
+    assert sized.match(keys) == {"w0": (10, 0)}  # still indexed: the capacity holds 70 blocks
+    assert sized.match(keys, {"w0": 61}) == {"w0": (10, 0)}
+    assert sized.match(keys, {"w0": 50}) == {}  # 50 more allocations before the prompt is computed: gone
+
+
+def test_routing_a_prompt_to_a_worker_makes_its_prefix_recent_again(sized: KvIndex) -> None:
+    tokens, keys = chain(1000, 10)
+    store_chain(sized, "w0", tokens, 1)
+    store_chain(sized, "w0", chain(5000, 80)[0], 100)
+    assert sized.match(keys, {"w0": 20}) == {}
+    sized.record_prediction("w0", tuple(keys[:6]))  # a request sharing the first six blocks went there
+    assert sized.match(keys, {"w0": 20}) == {"w0": (6, 6)}
+
+
+def test_a_prediction_is_not_counted_once_the_worker_has_allocated_past_it(sized: KvIndex) -> None:
+    _, keys = chain(1000, 10)
+    sized.record_prediction("w0", tuple(keys))
+    sized.release("w0", keys)  # its request ended: the blocks are free, evictable from now on
+    assert sized.match(keys, {"w0": 100}) == {"w0": (0, 10)}
+    store_chain(sized, "w0", chain(5000, 90)[0], 100)  # the worker stored 90 blocks of other prompts since
+    assert sized.match(keys, {"w0": 100}) == {"w0": (0, 10)}
+    assert sized.match(keys, {"w0": 80}) == {}
+
+
+def test_blocks_of_a_request_in_flight_are_not_evicted_and_age_from_its_end(sized: KvIndex) -> None:
+    _, keys = chain(1000, 10)
+    sized.record_prediction("w0", tuple(keys))
+    sized.record_prediction("w0", tuple(keys[:4]))  # a second request holds the first four blocks
+    store_chain(sized, "w0", chain(5000, 90)[0], 100)
+    assert sized.match(keys, {"w0": 0}) == {"w0": (0, 10)}  # held by running requests: not evictable
+    assert sized.blocks_in_use("w0") == 10
+    sized.release("w0", keys)
+    assert sized.blocks_in_use("w0") == 4
+    store_chain(sized, "w0", chain(9000, 30)[0], 300)
+    assert sized.match(keys, {"w0": 29}) == {"w0": (0, 4)}  # freed 30 allocations ago; the rest still held
+    assert sized.match(keys, {"w0": 31}) == {"w0": (0, 10)}
+
+
+def test_a_prediction_lands_when_its_request_has_computed_the_prompt(sized: KvIndex) -> None:
+    _, keys = chain(1000, 10)
+    sized.record_prediction("w0", tuple(keys))
+    assert sized.landed_prefix("w0", keys, 10) == 0  # still in prefill: a request beside it computes it again
+    sized.prediction_landed("w0", keys[:6])
+    assert sized.landed_prefix("w0", keys, 10) == 6
+    sized.prediction_landed("w0", keys)
+    assert sized.landed_prefix("w0", keys, 10) == 10
+
+
+def test_an_eviction_event_ends_a_landed_prediction_but_not_one_still_in_prefill(sized: KvIndex) -> None:
+    tokens, keys = chain(1000, 10)
+    store_chain(sized, "w0", tokens, 1)
+    sized.record_prediction("w0", tuple(keys))
+    sized.apply("w0", [BlockRemoved([8, 9, 10], "GPU")])  # an old copy evicted before the request ran
+    assert sized.match(keys) == {"w0": (7, 10)}
+    sized.prediction_landed("w0", keys)
+    sized.apply("w0", [BlockRemoved([6, 7], "GPU")])  # evicted after the request computed them
+    assert sized.match(keys) == {"w0": (5, 5)}
+
+
+def test_a_worker_of_unknown_capacity_is_not_judged_on_eviction(sized: KvIndex) -> None:
+    tokens, keys = chain(1000, 10)
+    store_chain(sized, "w1", tokens, 1)
+    store_chain(sized, "w1", chain(5000, 500)[0], 100)
+    assert sized.match(keys, {"w1": 0}) == {"w1": (10, 0)}
+
+
+def test_a_cleared_worker_holds_nothing_it_was_predicted_to(sized: KvIndex) -> None:
+    _, keys = chain(1000, 10)
+    sized.record_prediction("w0", tuple(keys))
+    sized.apply("w0", [AllBlocksCleared()])
+    assert sized.match(keys, {"w0": 100}) == {}
+
+
+def test_last_use_entries_stay_bounded_by_the_capacity(sized: KvIndex) -> None:
+    for i in range(200):
+        store_chain(sized, "w0", chain(10_000 + 100 * i, 20)[0], 1 + 20 * i)
+    worker = sized._workers["w0"]
+    assert len(worker.last_used) <= 4 * 100 + 4096
+    assert worker.blocks_allocated == 4000

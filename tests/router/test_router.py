@@ -238,3 +238,38 @@ def test_with_prompt_copies_every_field_of_the_request() -> None:
     values = {f.name: f"value of {f.name}" for f in dataclasses.fields(RouteRequest) if f.name != "messages"}
     req = RouteRequest(**values)  # every field set to something other than its default
     assert _with_prompt(req, 7, (1, 2)) == dataclasses.replace(req, num_prompt_tokens=7, block_keys=(1, 2))
+
+
+def test_a_request_beside_one_still_computing_its_prefix_is_not_predicted_a_hit(parts) -> None:
+    """Both go to the worker that will hold the prefix, but only once the first has computed it is
+    the prefix counted as cached for the next (a request beside it computes it again)."""
+    first = parts.router.route(RouteRequest(model="m", prompt=PROMPT))
+    second = parts.router.route(RouteRequest(model="m", prompt=PROMPT))
+    assert second.decision.worker_id == first.decision.worker_id
+    assert second.decision.predicted_cached_tokens == 0
+    first.dispatched(first.decision.worker_id)
+    first.first_token()
+    third = parts.router.route(RouteRequest(model="m", prompt=PROMPT))
+    assert third.decision.worker_id == first.decision.worker_id
+    assert third.decision.predicted_cached_tokens == 48  # full blocks, never the last prompt token
+
+
+def test_a_prefix_the_work_queued_at_a_small_worker_will_evict_is_not_counted_on(clock) -> None:
+    """Capacity 8 blocks, a freed 3-block prefix cached: once a request needing 8 new blocks is
+    dispatched ahead, the prefix will be evicted (LRU) before the next request runs, though it is
+    still indexed."""
+    pools = {"main": [WorkerSpec("w0", "m", 16, num_blocks=8)]}
+    index = KvIndex(clock=clock)
+    router = Router(pools, RoutingRules((rule("default", "main"),)), index=index, clock=clock, rng=random.Random(0))
+    index.apply("w0", [BlockStored([1, 2, 3], None, PROMPT[:48], 16, None, "GPU")])
+    first = router.route(RouteRequest(model="m", prompt=PROMPT))
+    assert first.decision.predicted_cached_tokens == 48
+    first.failed("test")  # over: its blocks are free at w0 from now on
+    probe = router.route(RouteRequest(model="m", prompt=PROMPT))
+    assert probe.cached_tokens_at("w0") == 48
+    probe.failed("test")
+    big = router.route(RouteRequest(model="m", prompt=list(range(1000, 1000 + 8 * 16 + 1))))
+    big.dispatched("w0")
+    ticket = router.route(RouteRequest(model="m", prompt=PROMPT))
+    assert index.match(block_keys(PROMPT, 16, "m"))["w0"][0] == 3  # still indexed: no eviction event yet
+    assert (ticket.cached_tokens_at("w0"), ticket.decision.predicted_cached_tokens) == (0, 0)
