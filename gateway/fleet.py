@@ -191,6 +191,9 @@ class Fleet:
             values = parse_vllm_load(response.text) if response.status_code == 200 else {}
         except (httpx.HTTPError, ValueError):
             return
+        num_blocks = values.pop("num_blocks", None)
+        if num_blocks is not None:
+            self.router.worker_capacity(worker.worker_id, num_blocks)
         if values:
             self.router.worker_load_scraped(worker.worker_id, **values)
 
@@ -201,9 +204,15 @@ class Fleet:
 
 
 def parse_vllm_load(text: str) -> dict:
-    """waiting/running requests and KV usage from a vLLM-style /metrics page (summed over engines)."""
+    """waiting/running requests and KV usage from a vLLM-style /metrics page (summed over engines),
+    and num_blocks, the KV capacity (vllm:cache_config_info's num_gpu_blocks) where it is given."""
     values: dict = {}
     for family in text_string_to_metric_families(text):
+        if family.name == "vllm:cache_config_info":
+            blocks = {sample.labels.get("num_gpu_blocks", "") for sample in family.samples}
+            if len(blocks) == 1 and (block_count := blocks.pop()).isdigit() and int(block_count) > 0:
+                values["num_blocks"] = int(block_count)  # one engine, or several alike
+            continue
         key = _SCRAPED.get(family.name)
         if key is None:
             continue

@@ -5,8 +5,9 @@ at its default) or on it ("inline", offload_min_bytes above max_body_bytes), bot
 Processes as in bench_gateway (its fake worker; the real gateway, here two, pinned to a CPU of their
 own; the load generator and the fake worker on the others). The pool routes with the default model's
 exact tokenizer and max_model_len 8192. Each round measures both gateways (the order alternates):
-a quiet phase (Poisson small streams only), then a loaded one (the same, plus closed-loop senders
-of large requests). Writes results/bench_large_bodies.json and the "large-bodies" section of
+a quiet phase (Poisson small streams only), then a loaded one (the same, plus paced senders of
+large requests, LARGE_RATE_PER_S in all: sporadic large requests beside the small ones, not a
+flood that saturates the gateway's core; a sender whose request outlasts its period sends the next at once). Writes results/bench_large_bodies.json and the "large-bodies" section of
 docs/benchmarks.md.
 Run: .venv/bin/python -m loadtest.bench_large_bodies [--quick] [--no-doc]
 """
@@ -56,6 +57,7 @@ SMALL_MAX_TOKENS = 4
 SMALL_PROMPT = "Say hello to the benchmark in a few words."
 PROBE_CONNECTIONS = 32
 LARGE_SENDERS = 2
+LARGE_RATE_PER_S = 8.0  # large requests a second, all senders together (~a fifth of the gateway's core)
 WARMUP_S = 1.0
 START_LEAD_S = 3.0  # jobs start together this long after they are spawned (building 4 MiB bodies included)
 SEED = 0
@@ -202,7 +204,8 @@ async def probe(port: int, start_at: float, warmup_s: float, duration_s: float, 
 
 
 async def send_large(port: int, start_at: float, warmup_s: float, duration_s: float, seed: int) -> dict[str, Any]:
-    """LARGE_SENDERS closed-loop senders, each cycling through LARGE_KINDS (from its own offset);
+    """LARGE_SENDERS paced senders (LARGE_RATE_PER_S in all), each cycling through LARGE_KINDS (from its own
+    offset);
     records [kind, outcome, start offset s, latency ms] for those started after the warm-up."""
     fixed = large_bodies(seed)
     chat_text = seeded_text(("chat", seed), CHAT_PROMPT_TOKENS)
@@ -216,7 +219,11 @@ async def send_large(port: int, start_at: float, warmup_s: float, duration_s: fl
 
     async def sender(offset: int) -> None:
         conn = await Connection.open(port)
+        period_s = LARGE_SENDERS / LARGE_RATE_PER_S
+        next_at = time.perf_counter() + offset * period_s / LARGE_SENDERS
         for i in itertools.count(offset):
+            await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+            next_at = max(next_at + period_s, time.perf_counter())
             if time.perf_counter() >= stop_at:
                 break
             kind = LARGE_KINDS[i % len(LARGE_KINDS)]
@@ -418,12 +425,13 @@ Date: {result['date']}
 
 Two gateways (`python -m kvgate gateway`, exact SmolLM2 routing tokenizer, `max_model_len: {MAX_MODEL_LEN}`) in front of
 bench_gateway's fake worker, both on CPU {s['cpus']['gateway']}; the load generator and the fake worker on CPUs
-{s['cpus']['load_generator']}. "offloaded": `limits.offload_min_bytes` at its default (bodies from 64 KiB parsed,
+{s['cpus']['load_generator']}. "offloaded": `limits.offload_min_bytes` at its default (bodies from 8 KiB parsed,
 tokenized and encoded in a worker thread); "inline": `offload_min_bytes` above `max_body_bytes` (all on the event
 loop). {s['rounds']} rounds, the gateways' order alternating; per gateway a quiet phase (small streams only), then a
 loaded one, {s['duration_s']:g} s each after {WARMUP_S:g} s of warm-up. Small streams: streaming chats at
 {SMALL_RATE_PER_S:g}/s (Poisson), {SMALL_MAX_TOKENS} tokens; TTFT = scheduled send -> first content chunk, at the
-client. Loaded: also {LARGE_SENDERS} closed-loop senders cycling through the large requests below. Figures: the
+client. Loaded: also {LARGE_SENDERS} senders cycling through the large requests below, {LARGE_RATE_PER_S:g}/s in
+all. Figures: the
 median round. Health checks allow {HEALTH['timeout_s']:g} s and {HEALTH['unhealthy_threshold']} misses, so that a stall of the
 shared host does not take the fake worker out of rotation.
 

@@ -156,6 +156,20 @@ class KvIndex:
                                            models_eviction=max_blocks is not None)
         self._worker_of_slot[slot] = worker_id
 
+    def set_capacity(self, worker_id: str, max_blocks: int) -> None:
+        """The worker's KV capacity, learned after it was added: its confirmed blocks are capped
+        at it (oldest first), and its evictions modeled from now on; what it holds now counts as
+        freed now."""
+        if max_blocks < 1:
+            raise ValueError("max_blocks must be >= 1")
+        worker = self._worker(worker_id)
+        while len(worker.blocks) > max_blocks:
+            self._unref(worker, worker.blocks.pop(next(iter(worker.blocks))))
+            self.counters.blocks_evicted += 1
+        if not worker.models_eviction:
+            worker.last_used = dict.fromkeys(worker.blocks.values(), worker.blocks_allocated)
+        worker.max_blocks, worker.models_eviction = max_blocks, True
+
     def reserve(self, num_blocks: int) -> None:
         """Make room for num_blocks confirmed keys now (capped at RESERVE_LIMIT_BLOCKS): the table
         doubles as it fills, and each doubling pauses its thread for a time that grows with its

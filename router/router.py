@@ -12,6 +12,7 @@ block keys of its own (docs/architecture.md, "Cache isolation").
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -120,6 +121,19 @@ class Router:
     def set_in_rotation(self, worker_id: str, in_rotation: bool) -> None:
         (self._out_of_rotation.discard if in_rotation else self._out_of_rotation.add)(worker_id)
         self._candidate_cache.clear()
+
+    def worker_capacity(self, worker_id: str, num_blocks: int) -> None:
+        """The worker says it has num_blocks KV blocks (e.g. vllm:cache_config_info). Taken when its
+        spec gave none: from then on the index models its evictions (a configured value wins)."""
+        spec = self._specs.get(worker_id)
+        if spec is None or spec.num_blocks is not None or num_blocks < 1:
+            return
+        known = dataclasses.replace(spec, num_blocks=num_blocks)
+        self._specs[worker_id] = known
+        for specs in self._pools.values():
+            specs[:] = [known if s.worker_id == worker_id else s for s in specs]
+        self._candidate_cache.clear()
+        self._index.set_capacity(worker_id, num_blocks)
 
     def worker_load_scraped(self, worker_id: str, *, waiting_requests: int | None = None,
                             running_requests: int | None = None, kv_usage_frac: float | None = None) -> None:

@@ -79,10 +79,11 @@ def _serve(args: argparse.Namespace, publisher) -> int:
 def build_state(executor: Executor, tokenizer: ModelTokenizer, model_dir: Path, config: EngineConfig,
                 publisher=None) -> WorkerState:
     """Engine, its loop (started) and metrics over an executor, as the HTTP handlers need them."""
-    metrics = WorkerMetrics(config.model_name, executor.name)
     step_events: list = []
     engine = Engine(executor, tokenizer.tokenizer, config, event_sink=step_events.append,
                     eos_token_ids=tokenizer.eos_token_ids)
+    metrics = WorkerMetrics(config.model_name, executor.name, block_size=config.block_size,
+                            num_blocks=engine.num_blocks)
     async_engine = AsyncEngine(engine, step_events, publisher=publisher, observer=metrics)
     async_engine.start()
     return WorkerState(engine=async_engine, tokenizer=tokenizer, served_model_name=config.model_name,

@@ -22,7 +22,8 @@ _ITL_BUCKETS_S = (0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.07
 class WorkerMetrics:
     """Owns one registry; updated by the engine thread after every step (StepObserver)."""
 
-    def __init__(self, model_name: str, executor_name: str) -> None:
+    def __init__(self, model_name: str, executor_name: str, *, block_size: int | None = None,
+                 num_blocks: int | None = None) -> None:
         self.registry = CollectorRegistry()
         labels = ["model_name", "engine"]
         self._labels = {"model_name": model_name, "engine": "0"}
@@ -51,6 +52,10 @@ class WorkerMetrics:
         info = Gauge("kvgate_worker_info", "Which executor serves this worker (sim: timing model, no model math).",
                      ["model_name", "executor"], registry=r)
         info.labels(model_name=model_name, executor=executor_name).set(1)
+        if num_blocks is not None:  # as vLLM names it: a gateway learns the KV capacity from it
+            cache = Gauge("vllm:cache_config_info", "Information of the KV cache config.",
+                          ["block_size", "num_gpu_blocks"], registry=r)
+            cache.labels(block_size=str(block_size), num_gpu_blocks=str(num_blocks)).set(1)
         for metric in (self.running, self.waiting, self.kv_usage, self.prefix_queries, self.prefix_hits,
                        self.preemptions, self.prompt_tokens, self.generation_tokens, self.ttft, self.itl,
                        self.e2e, self.queue_time):

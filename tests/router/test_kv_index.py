@@ -416,3 +416,19 @@ def test_last_use_entries_stay_bounded_by_the_capacity(sized: KvIndex) -> None:
     worker = sized._workers["w0"]
     assert len(worker.last_used) <= 4 * 100 + 4096
     assert worker.blocks_allocated == 4000
+
+
+def test_a_capacity_learned_later_caps_the_blocks_and_models_evictions_from_then(clock) -> None:
+    index = KvIndex(clock=clock)
+    index.add_worker("w0", model_name=MODEL)
+    tokens, keys = chain(1000, 10)
+    store_chain(index, "w0", tokens, 1)
+    index.set_capacity("w0", 8)  # the two oldest blocks go; the rest count as freed now
+    assert index.match(keys, {"w0": 8}) == {}  # its first blocks are gone: no prefix left
+    index2 = KvIndex(clock=clock)
+    index2.add_worker("w0", model_name=MODEL)
+    store_chain(index2, "w0", tokens, 1)
+    index2.set_capacity("w0", 100)
+    assert index2.match(keys, {"w0": 50}) == {"w0": (10, 0)}
+    store_chain(index2, "w0", chain(5000, 60)[0], 100)
+    assert index2.match(keys, {"w0": 50}) == {}

@@ -254,13 +254,15 @@ def test_a_request_beside_one_still_computing_its_prefix_is_not_predicted_a_hit(
     assert third.decision.predicted_cached_tokens == 48  # full blocks, never the last prompt token
 
 
-def test_a_prefix_the_work_queued_at_a_small_worker_will_evict_is_not_counted_on(clock) -> None:
-    """Capacity 8 blocks, a freed 3-block prefix cached: once a request needing 8 new blocks is
-    dispatched ahead, the prefix will be evicted (LRU) before the next request runs, though it is
-    still indexed."""
-    pools = {"main": [WorkerSpec("w0", "m", 16, num_blocks=8)]}
+@pytest.mark.parametrize("capacity", ["configured", "reported"])
+def test_a_prefix_the_work_queued_at_a_small_worker_will_evict_is_not_counted_on(clock, capacity) -> None:
+    """Capacity 8 blocks (in the worker's spec, or reported by the worker: a configured value wins),
+    a freed 3-block prefix cached: once a request needing 8 new blocks is dispatched ahead, the
+    prefix will be evicted (LRU) before the next request runs, though it is still indexed."""
+    pools = {"main": [WorkerSpec("w0", "m", 16, num_blocks=8 if capacity == "configured" else None)]}
     index = KvIndex(clock=clock)
     router = Router(pools, RoutingRules((rule("default", "main"),)), index=index, clock=clock, rng=random.Random(0))
+    router.worker_capacity("w0", 8 if capacity == "reported" else 4096)
     index.apply("w0", [BlockStored([1, 2, 3], None, PROMPT[:48], 16, None, "GPU")])
     first = router.route(RouteRequest(model="m", prompt=PROMPT))
     assert first.decision.predicted_cached_tokens == 48
@@ -273,3 +275,4 @@ def test_a_prefix_the_work_queued_at_a_small_worker_will_evict_is_not_counted_on
     ticket = router.route(RouteRequest(model="m", prompt=PROMPT))
     assert index.match(block_keys(PROMPT, 16, "m"))["w0"][0] == 3  # still indexed: no eviction event yet
     assert (ticket.cached_tokens_at("w0"), ticket.decision.predicted_cached_tokens) == (0, 0)
+

@@ -241,3 +241,4 @@ def test_metrics_use_vllm_names(worker_url, client):
                  "vllm:e2e_request_latency_seconds_bucket", "vllm:request_queue_time_seconds_bucket"]:
         assert f"\n{name}" in text, name
     assert 'kvgate_worker_info{executor="torch",model_name="tiny"} 1.0' in text
+    assert f'vllm:cache_config_info{{block_size="{BLOCK_SIZE}",num_gpu_blocks="128"}} 1.0' in text  # a gateway reads it
