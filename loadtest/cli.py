@@ -8,15 +8,20 @@ import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from loadtest.driver import DriverConfig
+from loadtest.engines import ENGINES
+from loadtest.external_router import parse_external_command
 from loadtest.faults import parse_fault
 from loadtest.oracle import oracle_hit_rate
 from loadtest.report import comparison_table, load_result, write_benchmarks_section, write_report, write_result
 from loadtest.runner import RunPlan, execute
 from loadtest.slo import Slo
 from loadtest.workloads import WORKLOADS, build_workload
+
+if TYPE_CHECKING:
+    from loadtest.fleet import FleetConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,18 +34,34 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--api-key", help="sent as `Authorization: Bearer KEY`")
     run.add_argument("--model", required=True, help="the `model` field to send")
     run.add_argument("--name", default="run", help="name of this run in reports (default: run)")
-    fleet = _add_subcommand(sub, "fleet", "start sim workers, compare routing policies (and external routers)")
-    fleet.add_argument("--workers", type=int, default=4, help="number of sim workers (default: 4)")
+    fleet = _add_subcommand(sub, "fleet", "start workers (sim, the bundled torch worker or vLLM), compare routing "
+                            "policies (and external routers) over them")
+    fleet.add_argument("--engine", choices=ENGINES, default="sim",
+                       help="sim: `kvgate worker --executor sim` (default); kvgate: `kvgate worker` (torch); vllm: "
+                            "vLLM's CPU build (installed into results/vllm-venv when missing); real engines are "
+                            "pinned one per CPU")
+    fleet.add_argument("--workers", type=int, default=4, help="number of workers (default: 4)")
+    fleet.add_argument("--num-blocks", type=int, metavar="N",
+                       help="KV blocks per worker (vLLM: --num-gpu-blocks-override); the gateway's index is capped "
+                            "to it (default: the engine's own)")
     fleet.add_argument("--policies", default="round_robin,kv_aware", help="comma-separated policy types ('' for none)")
     fleet.add_argument("--external", action="append", default=[], metavar="NAME=URL",
-                       help="also run through another router at URL (repeatable)")
+                       help="also run through another router at URL (repeatable); it must front this run's "
+                            "workers (see --base-port), which restart between runs")
+    fleet.add_argument("--external-command", action="append", default=[], metavar="NAME=COMMAND",
+                       help="also run through a router this run starts over its workers (repeatable): COMMAND "
+                            "with {worker_urls} (one word per worker URL), {port} and {metrics_port} filled in, "
+                            "e.g. 'results/sglang-venv/bin/python -m sglang_router.launch_router --worker-urls "
+                            "{worker_urls} --policy cache_aware --port {port} --prometheus-port {metrics_port}'")
     fleet.add_argument("--api-key", help="API key for --external routers")
     fleet.add_argument("--model", help="model name to send (default: what the workers serve)")
     fleet.add_argument("--fault", action="append", default=[], metavar="SPEC",
                        help="e.g. kill:w1@10, slow:w1@5-15:delay_ms=500, error:w2@5-15:fraction=0.5, redis@10")
-    fleet.add_argument("--worker-model", default="default", help="--model for each worker (default: default)")
+    fleet.add_argument("--worker-model", default="default",
+                       help="each worker's model: default (SmolLM2-135M-Instruct) or an HF model folder")
     fleet.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
-                       help="extra `kvgate worker` argument (repeatable), e.g. --worker-arg=--num-blocks=512")
+                       help="extra worker argument (repeatable; vLLM's own with --engine vllm), e.g. "
+                            "--worker-arg=--sim-timing=...")
     fleet.add_argument("--base-port", type=int, help="fixed ports from here (see loadtest/fleet.py)")
     fleet.add_argument("--gateway-command", default=None, help="gateway command (default: python -m kvgate gateway)")
     fleet.add_argument("--bench-doc", metavar="NAME", help="also write section NAME of --doc from the results")
@@ -151,21 +172,35 @@ def _status(result: dict[str, Any]) -> int:
 
 
 def _run_fleet(args: argparse.Namespace, command: str) -> int:
-    from loadtest.fleet import FleetConfig, run_fleet
+    from loadtest.fleet import run_fleet
 
     specs, plan = _plan_parts(args, "", args.model or "")
-    externals = tuple(tuple(e.split("=", 1)) for e in args.external)
-    if any(len(e) != 2 for e in externals):
-        raise ValueError("--external takes NAME=URL")
-    extra = {"gateway_command": tuple(shlex.split(args.gateway_command))} if args.gateway_command else {}
-    config = FleetConfig(work_dir=args.out / "fleet", num_workers=args.workers,
-                         policies=tuple(p for p in args.policies.split(",") if p), externals=externals,
-                         faults=tuple(parse_fault(f) for f in args.fault), worker_model=args.worker_model,
-                         worker_args=tuple(args.worker_arg), base_port=args.base_port, **extra)
+    config = fleet_config(args)
     plan = dataclasses.replace(plan, command=command)
     results = run_fleet(config, specs, plan, on_result=lambda r: write_result(args.out / f"{r['name']}.json", r))
     _finish(results, args.out, args.bench_doc, args.doc, command)
     return 0
+
+
+def fleet_config(args: argparse.Namespace) -> FleetConfig:
+    """The FleetConfig that `kvgate bench fleet ARGS` asks for."""
+    from loadtest.fleet import FleetConfig
+
+    externals = tuple(_external_url(spec) for spec in args.external)
+    extra = {"gateway_command": tuple(shlex.split(args.gateway_command))} if args.gateway_command else {}
+    return FleetConfig(work_dir=args.out / "fleet", num_workers=args.workers, engine=args.engine,
+                       num_blocks=args.num_blocks, policies=tuple(p for p in args.policies.split(",") if p),
+                       externals=externals,
+                       external_commands=tuple(parse_external_command(c) for c in args.external_command),
+                       faults=tuple(parse_fault(f) for f in args.fault), worker_model=args.worker_model,
+                       worker_args=tuple(args.worker_arg), base_port=args.base_port, **extra)
+
+
+def _external_url(spec: str) -> tuple[str, str]:
+    name, sep, url = spec.partition("=")
+    if not (name and sep and url):
+        raise ValueError("--external takes NAME=URL")
+    return name, url
 
 
 def _report(args: argparse.Namespace, command: str) -> int:

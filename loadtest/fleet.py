@@ -1,14 +1,17 @@
-"""Fleet runs: a fresh fleet of sim workers per run, a gateway per routing policy (or an external router),
+"""Fleet runs: a fresh fleet of workers per run (sim, the bundled torch worker or vLLM: loadtest/engines.py),
+a gateway per routing policy (or an external router: at a URL, or started by the run over its workers),
 the same workload through each, optional fault scenarios; one result per run.
 
 Ports: free ones, or from --base-port B: worker i on B+i, its KV events on B+N+2i (replay +1),
-its fault proxy on B+3N+i, the gateway on B+4N, redis on B+4N+1 (external routers can then be
-configured against fixed worker URLs).
+its fault proxy on B+3N+i, the gateway (or an --external-command router) on B+4N, redis on B+4N+1,
+the external router's metrics port on B+4N+2 (routers given by URL can then be configured against
+fixed worker URLs).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
 import sys
 from dataclasses import dataclass
@@ -18,24 +21,31 @@ from typing import Any, Callable, Sequence
 import httpx
 import yaml
 
+from loadtest.engines import ENGINES, EXECUTORS, KVGATE_WORKER, Engine, resolve_engine, worker_cpu, worker_launch
+from loadtest.external_router import ExternalCommand
 from loadtest.faults import FaultActions, FaultSpec, set_proxy_fault, shutdown_redis
 from loadtest.procs import ChildProcess, Started, free_port
+from loadtest.router_metrics import router_stats
 from loadtest.runner import RunPlan, execute
 from loadtest.types import RequestSpec
 
 
 @dataclass(frozen=True, slots=True)
 class FleetConfig:
-    """The fleet to start, the policies and external routers to compare, and the faults to inject."""
+    """The fleet to start (engine, workers, their KV capacity), the policies and external routers to
+    compare, and the faults to inject."""
 
     work_dir: Path
     num_workers: int = 4
     policies: tuple[str, ...] = ("round_robin", "kv_aware")
     externals: tuple[tuple[str, str], ...] = ()
+    external_commands: tuple[ExternalCommand, ...] = ()
     faults: tuple[FaultSpec, ...] = ()
+    engine: str = "sim"
+    num_blocks: int | None = None
     worker_model: str = "default"
     worker_args: tuple[str, ...] = ()
-    worker_command: tuple[str, ...] = (sys.executable, "-m", "kvgate", "worker")
+    worker_command: tuple[str, ...] = KVGATE_WORKER
     gateway_command: tuple[str, ...] = (sys.executable, "-m", "kvgate", "gateway")
     base_port: int | None = None
     health_timeout_s: float = 120.0
@@ -43,8 +53,15 @@ class FleetConfig:
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise ValueError("--workers must be >= 1")
-        if not self.policies and not self.externals:
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError("--num-blocks must be >= 1")
+        targets = [t.name for t in self.targets()]
+        if not targets:
             raise ValueError("give at least one policy or --external router")
+        if len(set(targets)) != len(targets):
+            raise ValueError(f"run names must differ (one result file each): {', '.join(targets)}")
         names = [f"w{i}" for i in range(self.num_workers)]
         for fault in self.faults:
             if fault.target is not None and fault.target not in names:
@@ -52,6 +69,22 @@ class FleetConfig:
 
     def port(self, offset: int) -> int | None:
         return None if self.base_port is None else self.base_port + offset
+
+    def targets(self) -> list[Target]:
+        """One run each, in this order: the policies, the routers at a URL, the routers the run starts."""
+        return ([Target(policy, policy=policy) for policy in self.policies]
+                + [Target(name, url=url) for name, url in self.externals]
+                + [Target(c.name, command=c) for c in self.external_commands])
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What one run drives: a kvgate gateway with `policy`, a router already at `url`, or one it starts."""
+
+    name: str
+    policy: str | None = None
+    url: str | None = None
+    command: ExternalCommand | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,13 +95,16 @@ class WorkerEndpoint:
     url: str
     route_url: str
     kv_events_endpoint: str
+    block_size: int | None = None  # None: the worker's default, which the gateway assumes too
 
 
 class Fleet(Started):
-    """Sim workers (+ fault proxies, + a redis-server when a scenario stops Redis) for one run."""
+    """Workers (+ fault proxies, + a redis-server when a scenario stops Redis) for one run; engine:
+    resolved once for all runs (default: from config.engine)."""
 
-    def __init__(self, config: FleetConfig, run_dir: Path) -> None:
+    def __init__(self, config: FleetConfig, run_dir: Path, engine: Engine | None = None) -> None:
         self.config, self.run_dir = config, run_dir
+        self.engine = engine or resolve_engine(config.engine, config.worker_model, config.worker_command)
         self.children: dict[str, ChildProcess] = {}
         self.endpoints: list[WorkerEndpoint] = []
         self.redis_port: int | None = None
@@ -80,19 +116,19 @@ class Fleet(Started):
             self._start_redis()
 
     def _start_workers(self) -> None:
-        n = self.config.num_workers
+        n, cpus = self.config.num_workers, sorted(os.sched_getaffinity(0))
+        timeout_s = self.config.health_timeout_s
         for i in range(n):
             name, port = f"w{i}", self.config.port(i) or free_port()
             kv_port = self.config.port(n + 2 * i) or free_port(pair=True)
-            endpoint = f"tcp://127.0.0.1:{kv_port}"
-            argv = [*self.config.worker_command, "--model", self.config.worker_model, "--executor", "sim",
-                    "--port", str(port), "--kv-events-endpoint", endpoint, "--worker-id", name,
-                    *self.config.worker_args]
+            launch = worker_launch(self.engine, name, port, kv_port, cpu=worker_cpu(self.engine.kind, i, cpus),
+                                   num_blocks=self.config.num_blocks, extra_args=self.config.worker_args)
             url = f"http://127.0.0.1:{port}"
-            self._start(name, argv, f"{url}/health")
-            self.endpoints.append(WorkerEndpoint(name, url, url, endpoint))
-        for name in self.worker_names:
-            self.children[name].wait_healthy(self.config.health_timeout_s)
+            self._start(name, launch.argv, f"{url}/health", dict(launch.env), launch.cpus)
+            self.endpoints.append(WorkerEndpoint(name, url, url, f"tcp://127.0.0.1:{kv_port}", launch.block_size))
+            timeout_s = max(timeout_s, launch.start_timeout_s or 0.0)
+        for name in self.worker_names:  # they start side by side
+            self.children[name].wait_healthy(timeout_s)
 
     def _start_proxies(self) -> None:
         targets = {f.target for f in self.config.faults if f.needs_proxy}
@@ -111,9 +147,9 @@ class Fleet(Started):
         redis = self._start("redis", argv, None)
         redis.wait_healthy(5.0)
 
-    def _start(self, name: str, argv: Sequence[str], health_url: str | None, env: dict[str, str] | None = None
-               ) -> ChildProcess:
-        child = ChildProcess(name, argv, self.run_dir / "logs" / f"{name}.log", health_url, env)
+    def _start(self, name: str, argv: Sequence[str], health_url: str | None, env: dict[str, str] | None = None,
+               cpus: frozenset[int] | None = None) -> ChildProcess:
+        child = ChildProcess(name, argv, self.run_dir / "logs" / f"{name}.log", health_url, env, cpus)
         self.children[name] = child
         return child
 
@@ -128,8 +164,7 @@ class Fleet(Started):
 
     def gateway_config(self, policy: str, port: int, model: str) -> dict[str, Any]:
         """A kvgate YAML config (see kvgate/config/schema.py) routing the one pool with `policy`."""
-        workers = [{"name": ep.name, "url": ep.route_url, "kv_events_endpoint": ep.kv_events_endpoint}
-                   for ep in self.endpoints]
+        workers = [self._worker_entry(ep) for ep in self.endpoints]
         tokenizer = "default" if self.config.worker_model == "default" else self.config.worker_model
         config: dict[str, Any] = {
             "gateway": {"host": "127.0.0.1", "port": port},
@@ -139,6 +174,14 @@ class Fleet(Started):
         if self.redis_port is not None:
             config["redis"] = {"url": f"redis://127.0.0.1:{self.redis_port}/0"}
         return config
+
+    def _worker_entry(self, ep: WorkerEndpoint) -> dict[str, Any]:
+        entry: dict[str, Any] = {"name": ep.name, "url": ep.route_url, "kv_events_endpoint": ep.kv_events_endpoint}
+        if ep.block_size is not None:
+            entry["block_size"] = ep.block_size
+        if self.config.num_blocks is not None:
+            entry["num_blocks"] = self.config.num_blocks
+        return entry
 
     def start_gateway(self, policy: str, model: str, api_key: str) -> str:
         """Write the config for `policy`, start the gateway on it, wait for /health; returns its URL."""
@@ -150,6 +193,18 @@ class Fleet(Started):
         self._start("gateway", argv, f"{url}/health", {"KVGATE_API_KEY": api_key}) \
             .wait_healthy(self.config.health_timeout_s)
         return url
+
+    def start_external(self, command: ExternalCommand) -> str:
+        """Start a peer router over this fleet's workers (as the gateway sees them: through any fault
+        proxy); wait until it answers /health; returns its base URL (.../v1)."""
+        n = self.config.num_workers
+        port = self.config.port(4 * n) or free_port()
+        metrics_port = self.config.port(4 * n + 2) or free_port()
+        argv = command.argv([ep.route_url for ep in self.endpoints], port, metrics_port)
+        url = f"http://127.0.0.1:{port}"
+        self._start(f"router-{command.name}", argv, f"{url}/health") \
+            .wait_healthy(self.config.health_timeout_s, any_answer=True)
+        return f"{url}/v1"
 
     def actions(self) -> FaultActions:
         proxies = {ep.name: ep.route_url for ep in self.endpoints if ep.route_url != ep.url}
@@ -165,34 +220,45 @@ class Fleet(Started):
 def run_fleet(config: FleetConfig, specs: Sequence[RequestSpec], plan: RunPlan,
               on_result: Callable[[dict[str, Any]], None] = lambda result: None) -> list[dict[str, Any]]:
     """One run per policy (through a kvgate gateway) and per external router, each on a fresh fleet."""
-    targets = [(policy, None) for policy in config.policies] + list(config.externals)
+    engine = resolve_engine(config.engine, config.worker_model, config.worker_command)
     results = []
-    for name, external_url in targets:
-        with Fleet(config, config.work_dir / name) as fleet:
-            result = _one_run(fleet, name, external_url, specs, plan)
+    for target in config.targets():
+        with Fleet(config, config.work_dir / target.name, engine) as fleet:
+            result = _one_run(fleet, target, specs, plan)
         on_result(result)
         results.append(result)
     return results
 
 
-def _one_run(fleet: Fleet, name: str, external_url: str | None, specs: Sequence[RequestSpec],
-             plan: RunPlan) -> dict[str, Any]:
+def _one_run(fleet: Fleet, target: Target, specs: Sequence[RequestSpec], plan: RunPlan) -> dict[str, Any]:
     model = plan.driver.model or fleet.served_model()
     api_key = plan.driver.api_key
-    if external_url is None:
+    if target.policy is not None:
         api_key = f"kvgate-bench-{secrets.token_hex(8)}"
-        base_url = fleet.start_gateway(name, model, api_key)
+        base_url = fleet.start_gateway(target.policy, model, api_key)
+    elif target.command is not None:
+        base_url = fleet.start_external(target.command)
     else:
-        base_url = external_url.rstrip("/")
+        base_url = (target.url or "").rstrip("/")
     driver = dataclasses.replace(plan.driver, base_url=base_url, model=model, api_key=api_key)
-    fleet_json = {"num_workers": fleet.config.num_workers, "worker_model": fleet.config.worker_model,
-                  "worker_args": list(fleet.config.worker_args), "executor": "sim",
-                  "router": "external" if external_url else "kvgate", "policy": None if external_url else name}
-    metrics_url = None if external_url else f"{_origin(base_url)}/metrics"
-    run_plan = dataclasses.replace(plan, name=name, driver=driver, config={**plan.config, "fleet": fleet_json},
+    metrics_url = f"{_origin(base_url)}/metrics" if target.policy is not None else None
+    run_plan = dataclasses.replace(plan, name=target.name, driver=driver,
+                                   config={**plan.config, "fleet": _fleet_json(fleet, target)},
                                    workers=tuple(fleet.worker_names), faults=fleet.config.faults,
                                    actions=fleet.actions() if fleet.config.faults else None, metrics_url=metrics_url)
-    return execute(specs, run_plan)
+    result = execute(specs, run_plan)
+    if metrics_url is not None:
+        result["router"] = router_stats(metrics_url)
+    return result
+
+
+def _fleet_json(fleet: Fleet, target: Target) -> dict[str, Any]:
+    config = fleet.config
+    return {"num_workers": config.num_workers, "engine": config.engine, "executor": EXECUTORS[config.engine],
+            "worker_model": config.worker_model, "worker_args": list(config.worker_args),
+            "num_blocks": config.num_blocks, "router": "kvgate" if target.policy is not None else "external",
+            "policy": target.policy,
+            "external_command": target.command.command if target.command is not None else None}
 
 
 def _origin(url: str) -> str:

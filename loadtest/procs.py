@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 import httpx
 
@@ -18,24 +18,27 @@ from kvgate.kv_endpoints import replay_port
 
 
 class ChildProcess:
-    """One child (worker, gateway, proxy, redis) that this run started; stop() ends it and its group."""
+    """One child (worker, gateway, proxy, redis) that this run started; stop() ends it and its group.
+    cpus pins it (and every process it starts) to those CPUs."""
 
     def __init__(self, name: str, argv: Sequence[str], log_path: Path, health_url: str | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, cpus: Collection[int] | None = None) -> None:
         self.name, self.argv, self.log_path, self.health_url = name, list(argv), log_path, health_url
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = log_path.open("ab")
+        pin = None if cpus is None else (lambda: os.sched_setaffinity(0, set(cpus)))
         self.popen = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      start_new_session=True, env={**os.environ, **(env or {})})
+                                      start_new_session=True, env={**os.environ, **(env or {})}, preexec_fn=pin)
 
     @property
     def alive(self) -> bool:
         return self.popen.poll() is None
 
-    def wait_healthy(self, timeout_s: float) -> None:
-        """Poll health_url until it answers 200 (none: the child only has to be alive); raise with the
-        log's tail if the child dies or time runs out."""
-        wait_healthy(self.health_url, self.popen, timeout_s, name=self.name, log_tail=self.log_tail)
+    def wait_healthy(self, timeout_s: float, any_answer: bool = False) -> None:
+        """Poll health_url until it answers 200 (any_answer: any status below 500; no URL: the child
+        only has to be alive); raise with the log's tail if the child dies or time runs out."""
+        wait_healthy(self.health_url, self.popen, timeout_s, name=self.name, log_tail=self.log_tail,
+                     any_answer=any_answer)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send sig to this child only (e.g. SIGKILL for a crash)."""
@@ -43,7 +46,8 @@ class ChildProcess:
             self.popen.send_signal(sig)
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """SIGTERM the child's own process group, then SIGKILL it if it lingers."""
+        """SIGTERM the child's own process group, then SIGKILL it if it lingers; once the child is gone,
+        what is left of its group (e.g. a vLLM engine process whose API server was killed) is killed too."""
         if self.alive:
             self._signal_group(signal.SIGTERM)
             try:
@@ -51,6 +55,7 @@ class ChildProcess:
             except subprocess.TimeoutExpired:
                 self._signal_group(signal.SIGKILL)
                 self.popen.wait(timeout_s)
+        self._signal_group(signal.SIGKILL)
         self._log.close()
 
     def _signal_group(self, sig: int) -> None:
@@ -65,15 +70,16 @@ class ChildProcess:
 
 
 def wait_healthy(url: str | None, popen: subprocess.Popen, timeout_s: float, *, name: str | None = None,
-                 log_tail: Callable[[], str] | None = None) -> None:
-    """Poll url every 0.1 s until it answers 200 (url None: return while the process lives); raise
-    RuntimeError, with log_tail() when given, if the process exits first or timeout_s runs out."""
+                 log_tail: Callable[[], str] | None = None, any_answer: bool = False) -> None:
+    """Poll url every 0.1 s until it answers 200 (any_answer: any status below 500, e.g. a 401 from a
+    server that wants a key; url None: return while the process lives); raise RuntimeError, with
+    log_tail() when given, if the process exits first or timeout_s runs out."""
     name = name or url or "process"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if popen.poll() is not None:
             raise RuntimeError(f"{name} exited with {popen.returncode}{_tail(log_tail)}")
-        if url is None or _answers(url):
+        if url is None or _answers(url, any_answer):
             return
         time.sleep(0.1)
     raise RuntimeError(f"{name} not healthy at {url} after {timeout_s:g} s{_tail(log_tail)}")
@@ -83,9 +89,10 @@ def _tail(log_tail: Callable[[], str] | None) -> str:
     return f":\n{log_tail()}" if log_tail is not None else ""
 
 
-def _answers(url: str) -> bool:
+def _answers(url: str, any_answer: bool = False) -> bool:
     try:
-        return httpx.get(url, timeout=1.0).status_code == 200
+        status = httpx.get(url, timeout=1.0).status_code
+        return status < 500 if any_answer else status == 200
     except httpx.HTTPError:
         return False
 

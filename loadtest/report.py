@@ -104,16 +104,33 @@ def _run_facts(result: dict[str, Any]) -> str:
     errors = ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "none"
     return (f"{s['num_requests']} requests, {s['num_ok']} ok, errors: {errors}; "
             f"{_fmt(s['output_tokens_per_s'])} output tokens/s; SLO attainment {_fmt(s['slo_attainment'], 3)}; "
-            f"failovers {s.get('failovers', 0)}")
+            f"failovers {s.get('failovers', 0)}{router_facts(result.get('router'))}")
+
+
+def router_facts(router: dict[str, Any] | None) -> str:
+    """'; router prediction hit ratio R (P predicted / Q reported cached tokens)' for kvgate gateway runs."""
+    if not router or router.get("predicted_cached_tokens") is None:
+        return ""
+    return (f"; router prediction hit ratio {_fmt(router.get('prediction_hit_ratio'), 3)} "
+            f"({router['predicted_cached_tokens']} predicted / {router.get('reported_cached_tokens')} reported "
+            f"cached tokens)")
 
 
 def executor_line(result: dict[str, Any]) -> str | None:
-    """'Figures from the sim executor, timing: NAME' for fleet runs (None for runs against a URL)."""
-    fleet = (result.get("config") or {}).get("fleet")
-    if not fleet or fleet.get("executor") != "sim":
-        return None
-    return (f"Figures from the `sim` executor (timing model, no model math), timing: "
-            f"{sim_timing_name(fleet.get('worker_args') or [])}.")
+    """What a fleet run's workers were: 'Figures from the sim executor, timing: NAME', or the real engine
+    and its model (None for runs against a URL)."""
+    fleet = (result.get("config") or {}).get("fleet") or {}
+    executor = fleet.get("executor")
+    if executor == "sim":
+        return (f"Figures from the `sim` executor (timing model, no model math), timing: "
+                f"{sim_timing_name(fleet.get('worker_args') or [])}.")
+    if executor in REAL_ENGINES:
+        return (f"Figures from real engines: {fleet.get('num_workers')} x {REAL_ENGINES[executor]}, model "
+                f"`{fleet.get('worker_model')}`, each pinned to a CPU (round robin over this machine's).")
+    return None
+
+
+REAL_ENGINES = {"torch": "the bundled worker (`kvgate worker`, torch executor)", "vllm": "vLLM (CPU build)"}
 
 
 def sim_timing_name(worker_args: Sequence[str]) -> str:

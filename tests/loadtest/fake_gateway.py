@@ -1,6 +1,8 @@
 """A stand-in for `kvgate gateway` in fleet tests: reads the YAML, round-robins, names the worker it chose.
 
 Only what the fleet loop needs: --config/--port, /health, /metrics, streaming pass-through, x-kvgate-worker.
+With --worker-urls URL... instead of --config it stands in for a peer router the fleet starts itself
+(workers named w0, w1, ... in the order given).
 """
 
 from __future__ import annotations
@@ -48,11 +50,17 @@ def build_app(config: dict) -> Starlette:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--config", required=True)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config")
+    source.add_argument("--worker-urls", nargs="+")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    with open(args.config) as f:
-        config = yaml.safe_load(f)
+    if args.config:
+        with open(args.config) as f:
+            config = yaml.safe_load(f)
+    else:
+        workers = [{"name": f"w{i}", "url": url} for i, url in enumerate(args.worker_urls)]
+        config = {"pools": {"default": {"workers": workers, "policy": {"type": "peer"}}}}
     uvicorn.run(build_app(config), host="127.0.0.1", port=args.port, log_level="warning")
     return 0
 

@@ -53,3 +53,49 @@ def test_bench_run_where_no_request_succeeds_writes_its_outputs_and_exits_1(tmp_
     assert "kvgate bench: no request succeeded (3 requests; errors: ConnectError: 3)" in result.stderr
     assert json.loads((tmp_path / "run.json").read_text())["summary"]["num_ok"] == 0
     assert (tmp_path / "report.md").exists()
+
+
+def test_bench_fleet_on_vllm_with_a_kv_capacity_and_a_peer_router_the_run_starts(tmp_path):
+    from loadtest.cli import build_parser, fleet_config
+
+    args = build_parser().parse_args([
+        "fleet", "--engine", "vllm", "--workers", "2", "--num-blocks", "192", "--policies", "round_robin,kv_aware",
+        "--external-command", "sglang=python -m sglang_router.launch_router --worker-urls {worker_urls} --port {port}",
+        "--external", "other=http://127.0.0.1:9000/v1", "--worker-arg=--max-model-len=4096",
+        "--workload", "multi_tenant_long_prefix", "--concurrency", "4", "--out", str(tmp_path)])
+    config = fleet_config(args)
+    assert (config.engine, config.num_workers, config.num_blocks, config.worker_args) == (
+        "vllm", 2, 192, ("--max-model-len=4096",))
+    assert [(t.name, t.policy, t.url) for t in config.targets()] == [
+        ("round_robin", "round_robin", None), ("kv_aware", "kv_aware", None),
+        ("other", None, "http://127.0.0.1:9000/v1"), ("sglang", None, None)]
+    assert config.targets()[-1].command == config.external_commands[0]
+
+
+def test_bench_fleet_defaults_to_the_sim_engine(tmp_path):
+    from loadtest.cli import build_parser, fleet_config
+
+    args = build_parser().parse_args(["fleet", "--workload", "low_reuse", "--concurrency", "1", "--out", str(tmp_path)])
+    config = fleet_config(args)
+    assert (config.engine, config.num_blocks, config.external_commands) == ("sim", None, ())
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--external-command", "sglang=router --port {port}"], "{worker_urls} must be a word of its own"),
+    (["--external", "sglang"], "--external takes NAME=URL"),
+    (["--policies", "kv_aware", "--external", "kv_aware=http://127.0.0.1:1/v1"], "run names must differ"),
+    (["--num-blocks", "0"], "--num-blocks must be >= 1"),
+], ids=["command-without-workers", "external-without-url", "same-name-twice", "no-blocks"])
+def test_bench_fleet_refuses_what_it_cannot_run_before_starting_anything(tmp_path, capsys, argv, message):
+    status = kvgate_main(["bench", "fleet", *argv, "--workload", "low_reuse", "--concurrency", "1",
+                          "--out", str(tmp_path)])
+    assert status == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "fleet").exists()
+
+
+def test_bench_fleet_names_the_engines_it_knows(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        kvgate_main(["bench", "fleet", "--engine", "sglang", "--workload", "low_reuse", "--out", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'sglang' (choose from 'sim', 'kvgate', 'vllm')" in capsys.readouterr().err

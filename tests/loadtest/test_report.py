@@ -98,3 +98,15 @@ def test_benchmarks_section_of_a_sim_fleet_names_the_executor_and_its_timing(tmp
     doc = tmp_path / "benchmarks.md"
     write_benchmarks_section(doc, "routing", [result], "kvgate bench fleet --workers 4")
     assert f"Figures from the `sim` executor (timing model, no model math), timing: {timing}" in doc.read_text()
+
+
+def test_a_real_engine_fleet_names_its_engine_and_the_routers_own_prediction_hit_ratio(tmp_path):
+    result = _result("kv_aware")
+    result["config"]["fleet"] = {"executor": "vllm", "num_workers": 2, "worker_model": "default", "worker_args": []}
+    result["router"] = {"prediction_hit_ratio": 0.875, "predicted_cached_tokens": 224000,
+                        "reported_cached_tokens": 196000, "index_blocks": {"w0": 189}}
+    doc = tmp_path / "benchmarks.md"
+    write_benchmarks_section(doc, "real", [result], "kvgate bench fleet --engine vllm")
+    assert "Figures from real engines: 2 x vLLM (CPU build), model `default`" in doc.read_text()
+    report = write_report([result], tmp_path).read_text()
+    assert "router prediction hit ratio 0.875 (224000 predicted / 196000 reported cached tokens)" in report
