@@ -25,7 +25,7 @@ import tempfile
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
 import yaml
 
@@ -34,6 +34,7 @@ from loadtest.sse import StreamReader
 from loadtest.stats import percentile
 
 MODEL = "bench-model"
+T = TypeVar("T")
 API_KEY = "bench-key"
 PROMPT = "You are a helpful assistant. Summarise the following text in one sentence: " + "lorem ipsum " * 20
 RESULTS_PATH = Path(__file__).resolve().parents[1] / "results" / "bench_gateway.json"
@@ -207,9 +208,13 @@ class Pool:
             self.idle.put_nowait(conn)
 
     async def send(self, raw: bytes) -> tuple[int, bytes]:
+        return await self.use(lambda conn: conn.request(raw))
+
+    async def use(self, work: Callable[[Connection], Awaitable[T]]) -> T:
+        """work(conn) on an idle connection; one that failed is closed and replaced by a fresh one."""
         conn = await self.idle.get()
         try:
-            answer = await conn.request(raw)
+            answer = await work(conn)
         except BaseException:
             conn.close()
             self.idle.put_nowait(await Connection.open(self.port))

@@ -148,15 +148,7 @@ class StreamPool(Pool):
     """bench_gateway's pool, for streams whose first content is timed as it arrives."""
 
     async def stream(self, raw: bytes) -> tuple[int, StreamReader]:
-        conn = await self.idle.get()
-        try:
-            answer = await _first_content(conn, raw)
-        except BaseException:
-            conn.close()
-            self.idle.put_nowait(await Connection.open(self.port))
-            raise
-        self.idle.put_nowait(conn)
-        return answer
+        return await self.use(lambda conn: _first_content(conn, raw))
 
 
 async def _sleep_until(wall_s: float) -> float:
