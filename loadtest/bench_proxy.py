@@ -281,7 +281,8 @@ def versions() -> dict[str, str | None]:
         script = f"import importlib.metadata as m; print(m.version('{name}'))"
         return first_line([str(venv / "bin" / "python"), "-c", script])
 
-    return {"nginx": first_line(["nginx", "-v"]), "wrk": first_line(["wrk", "-v"]).split(" [")[0],
+    return {"nginx": first_line(["nginx", "-v"]).removeprefix("nginx version: "),
+            "wrk": first_line(["wrk", "-v"]).split(" [")[0],
             "sglang-router": package(SGLANG_VENV, "sglang-router"), "litellm": package(LITELLM_VENV, "litellm"),
             "python": sys.version.split()[0]}
 
@@ -491,8 +492,18 @@ machine to itself).
 |---|---|---|---|
 {_verdict_rows(result['verdict'])}
 
-Raw figures: `results/bench_proxy.json`.
+{_stall_note(result['figures'])}Raw figures: `results/bench_proxy.json`.
 """
+
+
+def _stall_note(figures: dict[str, Any]) -> str:
+    """A line on sglang-router's streams when they wait rather than work (its CPU mostly idle at 32)."""
+    one, many = figures["streaming"][str(CONNECTIONS[0])][SGLANG], figures["streaming"][str(CONNECTIONS[-1])][SGLANG]
+    if many["cpu_busy"] is None or many["cpu_busy"] > 0.5:
+        return ""
+    return (f"Streaming through sglang-router waits rather than works: {one['p50_ms']:.0f} ms per answer at "
+            f"{CONNECTIONS[0]} connection (p50) and {many['requests_per_s']:,.0f} req/s at {CONNECTIONS[-1]}, its CPU "
+            f"{many['cpu_busy']:.0%} busy (a stall per stream on this harness).\n")
 
 
 def main() -> None:

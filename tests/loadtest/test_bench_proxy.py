@@ -203,3 +203,10 @@ def test_litellm_when_measured_is_reported_in_every_cell_but_not_judged():
 
 def test_other_work_on_the_machine_is_reported_as_its_median_and_worst_run():
     assert interference(_runs()) == {"median_cores": pytest.approx(0.015), "max_cores": pytest.approx(0.02)}
+
+
+def test_a_peer_whose_streams_wait_with_an_idle_cpu_is_called_out():
+    runs = [dict(r, proxy_cpu_s=1.0) if (r["proxy"], r["mode"]) == (SGLANG, "streaming") else r for r in _runs()]
+
+    assert "Streaming through sglang-router waits rather than works" in markdown(_result(summarise(runs)))
+    assert "waits rather than works" not in markdown(_result(summarise(_runs())))  # 95% busy: it works
