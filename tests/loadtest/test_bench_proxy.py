@@ -169,19 +169,22 @@ def test_any_failed_request_fails_the_verdict():
     assert verdict(summarise(_runs(errors=3)))["non-streaming"]["errors_pass"] is False
 
 
-def _result(figures):
+def _result(figures, runs=()):
     return {"command": ".venv/bin/python -m loadtest.bench_proxy", "machine": "a CPU, 2 cores", "date": "2026-12-01",
             "versions": {"nginx": "nginx version: nginx/1.22.1", "wrk": "wrk 4.1.0", "sglang-router": "0.3.2",
                          "litellm": "1.108.7"},
             "settings": {"rounds": 2, "duration_s": 10.0, "warmup_s": 1.0, "cpus": {"proxy": [0], "upstream_and_load": [1]}},
             "load_average": {"start": [0.3, 0.2, 0.1], "end": [1.1, 0.5, 0.2]},
             "interference": {"median_cores": 0.01, "max_cores": 0.04},
-            "figures": figures, "verdict": verdict(figures)}
+            "figures": figures, "verdict": verdict(figures), "raw": runs}
 
 
 def test_the_docs_section_shows_every_cell_and_every_target():
-    text = markdown(_result(summarise(_runs())))
+    runs = _runs()
 
+    text = markdown(_result(summarise(runs), runs))
+
+    assert "(none above 0.1)" in text
     assert "Command: `.venv/bin/python -m loadtest.bench_proxy`" in text
     assert "| non-streaming | 32 | kvgate | 8,550 (9,000 / 8,100) | 0.430 |" in text
     assert len(re.findall(r"^\| (non-streaming|streaming) \| \d+ \| ", text, re.MULTILINE)) == 12
@@ -210,3 +213,12 @@ def test_a_peer_whose_streams_wait_with_an_idle_cpu_is_called_out():
 
     assert "Streaming through sglang-router waits rather than works" in markdown(_result(summarise(runs)))
     assert "waits rather than works" not in markdown(_result(summarise(_runs())))  # 95% busy: it works
+
+
+def test_runs_that_shared_the_machine_with_other_work_are_named():
+    runs = [dict(r, foreign_cores=0.4) if (r["proxy"], r["connections"], r["round"]) == (KVGATE, 1, 2) else r
+            for r in _runs()]
+
+    text = markdown(_result(summarise(runs), runs))
+
+    assert "(above 0.1: kvgate non-streaming c=1 round 2, kvgate streaming c=1 round 2)" in text
