@@ -182,20 +182,21 @@ class Fleet:
             if worker.healthy and worker.consecutive_failures >= cfg.unhealthy_threshold:
                 worker.healthy = False
         self._refresh_rotation(worker)
-        if ok and cfg.scrape_metrics:
-            await self._scrape(worker)
+        if ok:
+            cache = await self._scrape(worker) if cfg.scrape_metrics else {}
+            self.router.worker_cache_config(worker.worker_id, **cache)
 
-    async def _scrape(self, worker: Worker) -> None:
+    async def _scrape(self, worker: Worker) -> dict:
+        """Feeds the worker's scraped load to the router; returns what it says of its KV cache."""
         try:
             response = await self._http.get(f"{worker.url}/metrics", timeout=self.config.health.timeout_s)
             values = parse_vllm_load(response.text) if response.status_code == 200 else {}
         except (httpx.HTTPError, ValueError):
-            return
-        num_blocks = values.pop("num_blocks", None)
-        if num_blocks is not None:
-            self.router.worker_capacity(worker.worker_id, num_blocks)
+            return {}
+        cache = {key: values.pop(key) for key in ("num_blocks", "block_size") if key in values}
         if values:
             self.router.worker_load_scraped(worker.worker_id, **values)
+        return cache
 
     def _export_subscriber_counts(self) -> None:
         for worker in self.workers.values():
@@ -205,13 +206,15 @@ class Fleet:
 
 def parse_vllm_load(text: str) -> dict:
     """waiting/running requests and KV usage from a vLLM-style /metrics page (summed over engines),
-    and num_blocks, the KV capacity (vllm:cache_config_info's num_gpu_blocks) where it is given."""
+    and the KV cache's num_blocks and block_size (vllm:cache_config_info's num_gpu_blocks and
+    block_size) where they are given, alike for every engine on the page."""
     values: dict = {}
     for family in text_string_to_metric_families(text):
         if family.name == "vllm:cache_config_info":
-            blocks = {sample.labels.get("num_gpu_blocks", "") for sample in family.samples}
-            if len(blocks) == 1 and (block_count := blocks.pop()).isdigit() and int(block_count) > 0:
-                values["num_blocks"] = int(block_count)  # one engine, or several alike
+            for label, key in (("num_gpu_blocks", "num_blocks"), ("block_size", "block_size")):
+                found = {sample.labels.get(label, "") for sample in family.samples}
+                if len(found) == 1 and (number := found.pop()).isdigit() and int(number) > 0:
+                    values[key] = int(number)
             continue
         key = _SCRAPED.get(family.name)
         if key is None:

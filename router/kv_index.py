@@ -64,6 +64,7 @@ class _Worker:
     blocks_allocated: int = 0  # blocks it has stored so far (KV events): its allocation clock
     last_used: dict[int, int] = field(default_factory=dict)  # key -> blocks_allocated when last stored or freed
     in_use: Counter[int] = field(default_factory=Counter)  # key -> requests routed here that hold it (pinned)
+    event_block_size: int | None = None  # the block size its last BlockStored event carried
 
 
 @dataclass(slots=True)
@@ -170,6 +171,10 @@ class KvIndex:
             worker.last_used = dict.fromkeys(worker.blocks.values(), worker.blocks_allocated)
         worker.max_blocks, worker.models_eviction = max_blocks, True
 
+    def event_block_size(self, worker_id: str) -> int | None:
+        """The block size of the worker's last stored blocks (None before any), as its events said."""
+        return self._worker(worker_id).event_block_size
+
     def reserve(self, num_blocks: int) -> None:
         """Make room for num_blocks confirmed keys now (capped at RESERVE_LIMIT_BLOCKS): the table
         doubles as it fills, and each doubling pauses its thread for a time that grows with its
@@ -240,6 +245,7 @@ class KvIndex:
                 counters.stored_unknown_parent += 1
                 return
         hashes, tokens, block_size = event.block_hashes, event.token_ids, event.block_size
+        worker.event_block_size = block_size
         covered = len(hashes) * block_size
         keys = chain_block_keys(tokens if len(tokens) == covered else tokens[:covered], block_size, parent_key)
         bit, add_bits = worker.bit, self._confirmed.add_bits

@@ -13,6 +13,7 @@ block keys of its own (docs/architecture.md, "Cache isolation").
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,8 @@ from router.subscriber import KvEventSubscriber
 from router.ticket import ClosedLoopStats, Prediction, RouteTicket, TicketBooks
 from router.tokenization import RoutingTokenizer, check_num_tokens
 from router.types import Policy, RouteDecision, RouteRequest, WorkerSpec, WorkerView
+
+log = logging.getLogger(__name__)
 
 
 class NoRouteError(LookupError):
@@ -122,18 +125,34 @@ class Router:
         (self._out_of_rotation.discard if in_rotation else self._out_of_rotation.add)(worker_id)
         self._candidate_cache.clear()
 
-    def worker_capacity(self, worker_id: str, num_blocks: int) -> None:
-        """The worker says it has num_blocks KV blocks (e.g. vllm:cache_config_info). Taken when its
-        spec gave none: from then on the index models its evictions (a configured value wins)."""
+    def worker_cache_config(self, worker_id: str, *, num_blocks: int | None = None,
+                            block_size: int | None = None) -> None:
+        """What the worker says of its KV cache (e.g. vllm:cache_config_info), each None if unsaid.
+
+        num_blocks is taken when the spec gave none: from then on the index models the worker's
+        evictions (a configured capacity wins). block_size always wins over the spec's, which may
+        be only the default: keys of another block size would never match the worker's events.
+        Without a reported block size, the one its KV events carry is taken the same way."""
         spec = self._specs.get(worker_id)
-        if spec is None or spec.num_blocks is not None or num_blocks < 1:
+        if spec is None:
             return
-        known = dataclasses.replace(spec, num_blocks=num_blocks)
+        block_size = block_size or self._index.event_block_size(worker_id)
+        changes: dict[str, int] = {}
+        if num_blocks is not None and num_blocks > 0 and spec.num_blocks is None:
+            changes["num_blocks"] = num_blocks
+        if block_size is not None and block_size > 0 and block_size != spec.block_size:
+            log.warning("worker %s uses KV blocks of %d tokens, not %d as configured: routing keys follow the worker",
+                        worker_id, block_size, spec.block_size)
+            changes["block_size"] = block_size
+        if not changes:
+            return
+        known = dataclasses.replace(spec, **changes)
         self._specs[worker_id] = known
         for specs in self._pools.values():
             specs[:] = [known if s.worker_id == worker_id else s for s in specs]
         self._candidate_cache.clear()
-        self._index.set_capacity(worker_id, num_blocks)
+        if "num_blocks" in changes:
+            self._index.set_capacity(worker_id, num_blocks)
 
     def worker_load_scraped(self, worker_id: str, *, waiting_requests: int | None = None,
                             running_requests: int | None = None, kv_usage_frac: float | None = None) -> None:

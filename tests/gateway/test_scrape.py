@@ -19,9 +19,16 @@ vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching=
 
 def test_load_and_the_kv_capacity_are_read_from_a_vllm_page():
     assert parse_vllm_load(VLLM_PAGE) == {"running_requests": 3, "waiting_requests": 1, "kv_usage_frac": 0.25,
-                                          "num_blocks": 192}
+                                          "num_blocks": 192, "block_size": 32}
 
 
 def test_a_capacity_not_known_yet_is_left_out():
     page = VLLM_PAGE.replace('num_gpu_blocks="192"', 'num_gpu_blocks="None"')
     assert "num_blocks" not in parse_vllm_load(page)
+
+
+def test_engines_that_disagree_on_their_cache_config_say_nothing_of_it():
+    page = VLLM_PAGE + VLLM_PAGE.splitlines()[-1].replace('engine="0"', 'engine="1"').replace(
+        'block_size="32"', 'block_size="16"') + "\n"
+    values = parse_vllm_load(page)
+    assert "block_size" not in values and values["num_blocks"] == 192

@@ -262,7 +262,7 @@ def test_a_prefix_the_work_queued_at_a_small_worker_will_evict_is_not_counted_on
     pools = {"main": [WorkerSpec("w0", "m", 16, num_blocks=8 if capacity == "configured" else None)]}
     index = KvIndex(clock=clock)
     router = Router(pools, RoutingRules((rule("default", "main"),)), index=index, clock=clock, rng=random.Random(0))
-    router.worker_capacity("w0", 8 if capacity == "reported" else 4096)
+    router.worker_cache_config("w0", num_blocks=8 if capacity == "reported" else 4096)
     index.apply("w0", [BlockStored([1, 2, 3], None, PROMPT[:48], 16, None, "GPU")])
     first = router.route(RouteRequest(model="m", prompt=PROMPT))
     assert first.decision.predicted_cached_tokens == 48
@@ -276,3 +276,22 @@ def test_a_prefix_the_work_queued_at_a_small_worker_will_evict_is_not_counted_on
     assert index.match(block_keys(PROMPT, 16, "m"))["w0"][0] == 3  # still indexed: no eviction event yet
     assert (ticket.cached_tokens_at("w0"), ticket.decision.predicted_cached_tokens) == (0, 0)
 
+
+
+@pytest.mark.parametrize("told_by", ["report", "events"])
+def test_keys_follow_the_block_size_the_worker_reports_over_a_default_in_its_spec(parts, told_by, caplog) -> None:
+    """w2 caches in blocks of 32, its spec says 16 (the default where the config gives none): no
+    key of 16 matches its events until the router takes the worker's size, from its metrics
+    (vllm:cache_config_info) or, with none reported, from the block size its events carry."""
+    parts.index.apply("w2", [BlockStored([1, 2], None, PROMPT, 32, None, "GPU")])
+    assert parts.index.match(block_keys(PROMPT, 16, "m")) == {}
+    parts.router.worker_cache_config("w2", block_size=32 if told_by == "report" else None)
+    decision = parts.router.route(RouteRequest(model="m", prompt=PROMPT + [99])).decision
+    assert (decision.worker_id, decision.predicted_cached_tokens) == ("w2", 64)
+    assert "worker w2 uses KV blocks of 32 tokens, not 16" in caplog.text
+
+
+def test_a_worker_that_says_nothing_of_its_cache_keeps_its_spec(parts) -> None:
+    parts.router.worker_cache_config("w1")
+    parts.index.apply("w1", [BlockStored([1, 2, 3], None, PROMPT[:48], 16, None, "GPU")])
+    assert parts.router.route(RouteRequest(model="m", prompt=PROMPT)).decision.worker_id == "w1"
