@@ -82,8 +82,9 @@ def _has_flag(args: Sequence[str], flag: str) -> bool:
 
 
 def vllm_env(cpu: int | None) -> dict[str, str]:
-    """Offline, a 1 GiB KV cache, the engine's OpenMP threads bound to `cpu` (None: vLLM's own choice)."""
-    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_SPACE_GIB)}
+    """Offline, a 1 GiB KV cache, the engine's OpenMP threads bound to `cpu` (None: vLLM's own choice), and
+    its development endpoints on (POST /reset_prefix_cache: a benchmark empties the caches between runs)."""
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_SPACE_GIB), "VLLM_SERVER_DEV_MODE": "1"}
     if cpu is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
     return env

@@ -53,7 +53,8 @@ def test_a_vllm_worker_caches_prefixes_and_publishes_kv_events_with_replay():
     assert json.loads(_flag(argv, "--kv-events-config")) == {
         "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:9100",
         "replay_endpoint": "tcp://*:9101"}
-    assert dict(launch.env) == {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"}
+    assert dict(launch.env) == {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1",
+                                "VLLM_CPU_OMP_THREADS_BIND": "0"}
     assert (launch.cpus, launch.block_size) == (frozenset({0}), 32)
     assert launch.start_timeout_s is not None and launch.start_timeout_s >= 300
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 
@@ -75,3 +76,14 @@ def test_trace_replay_gives_equal_text_for_equal_hash_ids_and_keeps_the_clock(tr
 def test_bad_workload_parameters_are_refused_by_name(params, message):
     with pytest.raises(ValueError, match=message):
         build_workload("multi_turn_chat", 0, params)
+
+
+def test_multi_tenant_zipf_makes_a_few_tenants_hot_and_keeps_every_prefix_its_own():
+    params = {"num_tenants": "16", "num_requests": "800", "prefix_tokens": "50", "tenant_zipf": "1.1"}
+    _, specs = build_workload("multi_tenant_long_prefix", 0, params)
+    counts = Counter(spec.tenant for spec in specs)
+    assert counts["tenant-0"] > 4 * counts["tenant-15"] and counts["tenant-0"] > 800 / 8
+    prefixes = {spec.tenant: spec.messages[0]["content"] for spec in specs}
+    assert len(set(prefixes.values())) == len(prefixes)
+    with pytest.raises(ValueError, match="tenant_zipf"):
+        build_workload("multi_tenant_long_prefix", 0, {"tenant_zipf": "-1"})

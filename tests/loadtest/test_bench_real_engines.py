@@ -1,0 +1,46 @@
+"""The real-engines benchmark's pure parts: mirrored rounds, the means, the targets and the section
+(no vLLM needed: the runs are given)."""
+
+from __future__ import annotations
+
+from loadtest.bench_real_engines import KVGATE, SGLANG, Workload, render, round_orders, summarize, targets
+
+
+def run(router: str, rnd: int, rps: float, ttft: float, ratio: float | None = None, predicted: int = 0) -> dict:
+    stats = {"prediction_hit_ratio": ratio, "predicted_cached_tokens": predicted} if ratio is not None else None
+    return {"round": rnd, "router": router, "seed": rnd, "completed": 192, "failed": 0,
+            "request_throughput": rps, "mean_ttft_ms": ttft, "median_ttft_ms": ttft / 2, "p99_ttft_ms": ttft * 4,
+            "mean_tpot_ms": 20.0, "mean_e2el_ms": ttft + 300, "prefix_hit_rate": 0.8, "router_stats": stats}
+
+
+def test_rounds_mirror_the_routers_order():
+    assert round_orders(["a", "b", "c"], 3) == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"]]
+
+
+def test_ahead_means_ahead_on_the_mean_of_the_rounds_and_the_prediction_ratio_is_weighted_by_prediction():
+    runs = [run(SGLANG, 0, 3.0, 300), run(KVGATE, 0, 3.3, 260, 1.0, 1000),
+            run(KVGATE, 1, 3.1, 300, 0.9, 3000), run(SGLANG, 1, 3.0, 300)]
+    summary = summarize(runs)
+    assert summary[KVGATE]["request_throughput"] == 3.2 and summary[KVGATE]["mean_ttft_ms"] == 280
+    assert summary[KVGATE]["prediction_hit_ratio"] == (1.0 * 1000 + 0.9 * 3000) / 4000
+    assert summary[SGLANG]["prediction_hit_ratio"] is None
+    verdicts = {what.split(",")[0]: (value, met) for what, value, _, met in targets(summary)}
+    assert verdicts["req/s"] == ("1.07x", True)
+    assert verdicts["mean TTFT"] == ("0.93x", True)
+    assert verdicts[f"{KVGATE}: prediction hit ratio (confirmed / predicted cached tokens)"] == ("0.925", False)
+
+
+def test_no_targets_without_both_routers():
+    assert targets(summarize([run(KVGATE, 0, 3.0, 300, 1.0, 10)])) == []
+
+
+def test_the_section_names_its_command_workload_and_verdicts():
+    runs = [run(SGLANG, 0, 3.0, 300), run(KVGATE, 0, 2.0, 400, 0.99, 100)]
+    meta = {"command": "python -m loadtest.bench_real_engines", "machine": "cpu, 2 cores", "date": "today",
+            "vllm_version": "0.32.0", "sglang_version": "0.3.2", "num_workers": 2, "num_blocks": 192, "rounds": 1,
+            "workload": {k: getattr(Workload(), k) for k in Workload.__dataclass_fields__}}
+    text = render(runs, meta)
+    assert "Command: `python -m loadtest.bench_real_engines`" in text
+    assert "16 prefixes x 512 tokens + 64, 16 output tokens, 192 prompts, concurrency 4" in text
+    assert "| 0.67x | >= 1.05x | FAIL |" in text and "| 0.990 | >= 0.97 | pass |" in text
+    assert "| 1 | kvgate kv_aware | 0 | 2.00 | 400 / 200 / 1600 |" in text
