@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
                        help="extra worker argument (repeatable; vLLM's own with --engine vllm), e.g. "
                             "--worker-arg=--sim-timing=...")
+    fleet.add_argument("--gateway-replicas", default="1", metavar="N[,N...]",
+                       help="run each policy with N gateway replicas behind a round-robin nginx, for each N (default: 1)")
     fleet.add_argument("--base-port", type=int, help="fixed ports from here (see loadtest/fleet.py)")
     fleet.add_argument("--gateway-command", default=None, help="gateway command (default: python -m kvgate gateway)")
     fleet.add_argument("--bench-doc", metavar="NAME", help="also write section NAME of --doc from the results")
@@ -193,7 +195,15 @@ def fleet_config(args: argparse.Namespace) -> FleetConfig:
                        externals=externals,
                        external_commands=tuple(parse_external_command(c) for c in args.external_command),
                        faults=tuple(parse_fault(f) for f in args.fault), worker_model=args.worker_model,
-                       worker_args=tuple(args.worker_arg), base_port=args.base_port, **extra)
+                       worker_args=tuple(args.worker_arg), base_port=args.base_port,
+                       gateway_replicas=_counts(args.gateway_replicas), **extra)
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"--gateway-replicas takes counts such as 1,2,4, not {text!r}") from None
 
 
 def _external_url(spec: str) -> tuple[str, str]:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 import httpx
 import yaml
 
+from loadtest.balancer import APT_INSTALL, balancer_argv, balancer_conf, nginx_available
 from loadtest.engines import ENGINES, EXECUTORS, KVGATE_WORKER, Engine, resolve_engine, worker_cpu, worker_launch
 from loadtest.external_router import ExternalCommand
 from loadtest.faults import FaultActions, FaultSpec, set_proxy_fault, shutdown_redis
@@ -49,6 +50,7 @@ class FleetConfig:
     gateway_command: tuple[str, ...] = (sys.executable, "-m", "kvgate", "gateway")
     base_port: int | None = None
     health_timeout_s: float = 120.0
+    gateway_replicas: tuple[int, ...] = (1,)  # each policy runs once per count: N gateways behind nginx
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
@@ -57,6 +59,8 @@ class FleetConfig:
             raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError("--num-blocks must be >= 1")
+        if not self.gateway_replicas or any(n < 1 for n in self.gateway_replicas):
+            raise ValueError("--gateway-replicas takes counts >= 1")
         targets = [t.name for t in self.targets()]
         if not targets:
             raise ValueError("give at least one policy or --external router")
@@ -72,7 +76,8 @@ class FleetConfig:
 
     def targets(self) -> list[Target]:
         """One run each, in this order: the policies, the routers at a URL, the routers the run starts."""
-        return ([Target(policy, policy=policy) for policy in self.policies]
+        return ([Target(policy if n == 1 else f"{policy}-x{n}", policy=policy, replicas=n)
+                 for policy in self.policies for n in self.gateway_replicas]
                 + [Target(name, url=url) for name, url in self.externals]
                 + [Target(c.name, command=c) for c in self.external_commands])
 
@@ -85,6 +90,7 @@ class Target:
     policy: str | None = None
     url: str | None = None
     command: ExternalCommand | None = None
+    replicas: int = 1  # kvgate gateways behind a round-robin balancer (a policy's run only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,16 +189,30 @@ class Fleet(Started):
             entry["num_blocks"] = self.config.num_blocks
         return entry
 
-    def start_gateway(self, policy: str, model: str, api_key: str) -> str:
-        """Write the config for `policy`, start the gateway on it, wait for /health; returns its URL."""
+    def start_gateway(self, policy: str, model: str, api_key: str, replicas: int = 1) -> str:
+        """Write the config for `policy`, start the gateway on it, wait for /health; returns its URL.
+        With replicas > 1: that many gateways (each its own process, index and load view, as separate
+        hosts would have) behind an nginx balancer sending requests round robin; returns its URL."""
         port = self.config.port(4 * self.config.num_workers) or free_port()
-        path = self.run_dir / f"gateway-{policy}.yaml"
-        path.write_text(yaml.safe_dump(self.gateway_config(policy, port, model), sort_keys=False))
-        argv = [*self.config.gateway_command, "--config", str(path), "--port", str(port)]
-        url = f"http://127.0.0.1:{port}"
-        self._start("gateway", argv, f"{url}/health", {"KVGATE_API_KEY": api_key}) \
+        ports = [port] if replicas == 1 else [free_port() for _ in range(replicas)]
+        names = ["gateway"] if replicas == 1 else [f"gateway-{i}" for i in range(replicas)]
+        for name, gateway_port in zip(names, ports):
+            path = self.run_dir / f"{name}-{policy}.yaml"
+            path.write_text(yaml.safe_dump(self.gateway_config(policy, gateway_port, model), sort_keys=False))
+            argv = [*self.config.gateway_command, "--config", str(path), "--port", str(gateway_port)]
+            self._start(name, argv, f"http://127.0.0.1:{gateway_port}/health", {"KVGATE_API_KEY": api_key})
+        for name in names:
+            self.children[name].wait_healthy(self.config.health_timeout_s)
+        if replicas == 1:
+            return f"http://127.0.0.1:{port}"
+        if not nginx_available():
+            raise RuntimeError(f"--gateway-replicas needs nginx as its balancer: {APT_INSTALL}")
+        conf = self.run_dir / "balancer" / "nginx.conf"
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text(balancer_conf(port, ports, conf.parent))
+        self._start("balancer", balancer_argv(conf, conf.parent), f"http://127.0.0.1:{port}/health") \
             .wait_healthy(self.config.health_timeout_s)
-        return url
+        return f"http://127.0.0.1:{port}"
 
     def start_external(self, command: ExternalCommand) -> str:
         """Start a peer router over this fleet's workers (as the gateway sees them: through any fault
@@ -235,13 +255,14 @@ def _one_run(fleet: Fleet, target: Target, specs: Sequence[RequestSpec], plan: R
     api_key = plan.driver.api_key
     if target.policy is not None:
         api_key = f"kvgate-bench-{secrets.token_hex(8)}"
-        base_url = fleet.start_gateway(target.policy, model, api_key)
+        base_url = fleet.start_gateway(target.policy, model, api_key, target.replicas)
     elif target.command is not None:
         base_url = fleet.start_external(target.command)
     else:
         base_url = (target.url or "").rstrip("/")
     driver = dataclasses.replace(plan.driver, base_url=base_url, model=model, api_key=api_key)
-    metrics_url = f"{_origin(base_url)}/metrics" if target.policy is not None else None
+    # the router's own figures: of the one gateway (a balancer would answer from any replica)
+    metrics_url = f"{_origin(base_url)}/metrics" if target.policy is not None and target.replicas == 1 else None
     run_plan = dataclasses.replace(plan, name=target.name, driver=driver,
                                    config={**plan.config, "fleet": _fleet_json(fleet, target)},
                                    workers=tuple(fleet.worker_names), faults=fleet.config.faults,
@@ -257,7 +278,7 @@ def _fleet_json(fleet: Fleet, target: Target) -> dict[str, Any]:
     return {"num_workers": config.num_workers, "engine": config.engine, "executor": EXECUTORS[config.engine],
             "worker_model": config.worker_model, "worker_args": list(config.worker_args),
             "num_blocks": config.num_blocks, "router": "kvgate" if target.policy is not None else "external",
-            "policy": target.policy,
+            "policy": target.policy, "gateway_replicas": target.replicas,
             "external_command": target.command.command if target.command is not None else None}
 
 

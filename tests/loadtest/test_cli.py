@@ -78,6 +78,16 @@ def test_bench_fleet_defaults_to_the_sim_engine(tmp_path):
     args = build_parser().parse_args(["fleet", "--workload", "low_reuse", "--concurrency", "1", "--out", str(tmp_path)])
     config = fleet_config(args)
     assert (config.engine, config.num_blocks, config.external_commands) == ("sim", None, ())
+    assert [(t.name, t.replicas) for t in config.targets()] == [("round_robin", 1), ("kv_aware", 1)]
+
+
+def test_bench_fleet_runs_each_policy_once_per_replica_count(tmp_path):
+    from loadtest.cli import build_parser, fleet_config
+
+    args = build_parser().parse_args(["fleet", "--policies", "kv_aware", "--gateway-replicas", "1,2,4",
+                                      "--workload", "low_reuse", "--concurrency", "1", "--out", str(tmp_path)])
+    assert [(t.name, t.policy, t.replicas) for t in fleet_config(args).targets()] == [
+        ("kv_aware", "kv_aware", 1), ("kv_aware-x2", "kv_aware", 2), ("kv_aware-x4", "kv_aware", 4)]
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -85,7 +95,10 @@ def test_bench_fleet_defaults_to_the_sim_engine(tmp_path):
     (["--external", "sglang"], "--external takes NAME=URL"),
     (["--policies", "kv_aware", "--external", "kv_aware=http://127.0.0.1:1/v1"], "run names must differ"),
     (["--num-blocks", "0"], "--num-blocks must be >= 1"),
-], ids=["command-without-workers", "external-without-url", "same-name-twice", "no-blocks"])
+    (["--gateway-replicas", "1,0"], "--gateway-replicas takes counts >= 1"),
+    (["--gateway-replicas", "two"], "--gateway-replicas takes counts such as 1,2,4"),
+], ids=["command-without-workers", "external-without-url", "same-name-twice", "no-blocks", "no-replicas",
+        "replicas-not-a-count"])
 def test_bench_fleet_refuses_what_it_cannot_run_before_starting_anything(tmp_path, capsys, argv, message):
     status = kvgate_main(["bench", "fleet", *argv, "--workload", "low_reuse", "--concurrency", "1",
                           "--out", str(tmp_path)])
