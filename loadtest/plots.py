@@ -32,6 +32,30 @@ def write_plots(results: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     return written
 
 
+def section_plot(results: Sequence[dict[str, Any]], path: Path) -> Path:
+    """The picture beside a docs/benchmarks.md section: per run, hit rate over the oracle's and TTFT
+    p50 / p90 (ms), side by side."""
+    fig, (hits, ttfts) = plt.subplots(1, 2, figsize=(11, 3.6))
+    names = [r["name"] for r in results]
+    ratios = []
+    for r in results:
+        hit, oracle = r["summary"].get("prefix_hit_rate"), (r.get("oracle") or {}).get("hit_rate")
+        ratios.append(hit / oracle if hit is not None and oracle else 0)
+    hits.bar(names, ratios)
+    hits.set_ylim(0, 1.05)
+    hits.set_ylabel("hit rate / oracle")
+    width = 0.4
+    for i, key in enumerate(("p50", "p90")):
+        values = [((r["summary"].get("ttft_ms") or {}).get(key) or 0) for r in results]
+        ttfts.bar([j + i * width for j in range(len(names))], values, width, label=f"TTFT {key}")
+    ttfts.set_xticks([j + width / 2 for j in range(len(names))], names)
+    ttfts.set_ylabel("ms")
+    ttfts.legend(fontsize="small")
+    for ax in (hits, ttfts):
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    return _save(fig, path)
+
+
 def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from loadtest import benchdoc
+from loadtest.plots import section_plot
 
 RESULT_KIND = "kvgate-loadtest-result"
 
@@ -152,10 +153,12 @@ DEFAULT_SIM_TIMING_NAME = "Llama-3.1-8B-Instruct bf16 on 1x H100 SXM 80GB under 
 
 def write_benchmarks_section(doc_path: Path, name: str, results: Sequence[dict[str, Any]],
                              command: str, machine: str | None = None) -> None:
-    """Replace (or append) the section between the bench:NAME markers with a table built from results."""
+    """Replace (or append) the section between the bench:NAME markers with a table built from results,
+    and write its plot beside the document (bench-NAME.png: hit rate / oracle and TTFT per run)."""
     executor = executor_line(results[0])
+    plot = section_plot(results, doc_path.parent / f"bench-{name}.png")
     markdown = "\n".join([f"### {name}", "", f"Command: `{command}`", "",
                           f"Machine: {machine or results[0]['machine']}; run {results[0]['created_at']}.", "",
                           *([executor, ""] if executor else []),
-                          comparison_table(results)])
+                          comparison_table(results), "", f"![hit rate / oracle and TTFT per run]({plot.name})"])
     benchdoc.replace_section(name, markdown, doc_path)

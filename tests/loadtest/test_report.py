@@ -66,6 +66,8 @@ def test_benchmarks_section_between_markers_is_rewritten_and_the_rest_kept(tmp_p
     assert "Command: `kvgate bench fleet --workers 4`" in section
     assert "Machine: test machine" in section
     assert "| kv_aware |" in section
+    assert "![hit rate / oracle and TTFT per run](bench-routing.png)" in section
+    assert (tmp_path / "bench-routing.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_missing_benchmarks_section_is_appended_once(tmp_path):
