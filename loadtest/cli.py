@@ -151,8 +151,19 @@ def _plan_parts(args: argparse.Namespace, base_url: str, model: str) -> tuple[li
     plan = RunPlan(name=getattr(args, "name", "run"), driver=driver,
                    slo=Slo(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_e2e_ms), config=config,
                    oracle={"hit_rate": oracle.hit_rate, "block_size_tokens": args.oracle_block_size,
-                           "prompt_tokens": oracle.prompt_tokens, "shared_tokens": oracle.shared_tokens})
+                           "prompt_tokens": oracle.prompt_tokens, "shared_tokens": oracle.shared_tokens,
+                           "partition": _partition(args)})
     return specs, plan
+
+
+def _partition(args: argparse.Namespace) -> dict[str, int] | None:
+    """A fleet run's workers and the KV capacity of each in tokens, where --num-blocks gives it."""
+    if getattr(args, "num_blocks", None) is None:
+        return None
+    from loadtest.engines import worker_block_size
+
+    return {"num_workers": args.workers,
+            "capacity_tokens": args.num_blocks * worker_block_size(args.engine, tuple(args.worker_arg))}
 
 
 def _run_one(args: argparse.Namespace, command: str) -> int:

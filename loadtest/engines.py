@@ -22,6 +22,7 @@ EXECUTORS = {"sim": "sim", "kvgate": "torch", "vllm": "vllm"}  # what result fil
 DEFAULT_MODEL = "default"
 DEFAULT_SERVED_MODEL_NAME = "SmolLM2-135M-Instruct"  # what `kvgate worker --model default` serves
 KVGATE_WORKER = (sys.executable, "-m", "kvgate", "worker")
+DEFAULT_BLOCK_SIZE = 16  # a kvgate worker's, and the gateway's assumption until a worker reports its own
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,11 @@ def worker_launch(engine: Engine, name: str, port: int, kv_port: int, *, cpu: in
             "--kv-events-endpoint", f"tcp://127.0.0.1:{kv_port}", "--worker-id", name, *capacity, *extra_args)
     env = {"OMP_NUM_THREADS": "1"} if engine.kind == "kvgate" and cpu is not None else {}  # one core, one thread
     return WorkerLaunch(argv, env, cpus, _block_size_arg(extra_args))
+
+
+def worker_block_size(kind: str, extra_args: Sequence[str] = ()) -> int:
+    """Tokens per KV block of a worker of this engine: vLLM's on CPU, else `--block-size` or the default, 16."""
+    return VLLM_BLOCK_SIZE if kind == "vllm" else _block_size_arg(extra_args) or DEFAULT_BLOCK_SIZE
 
 
 def _block_size_arg(args: Sequence[str]) -> int | None:

@@ -8,6 +8,7 @@ also started with; hit rate = sum(shared tokens) / sum(prompt tokens).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -48,6 +49,39 @@ def oracle_over_tokens(prompts: Sequence[Sequence[str]], block_size_tokens: int)
             else:
                 matching = False
                 seen.add(key)
+    return OracleResult(prompt_tokens=total, shared_tokens=shared)
+
+
+def static_partition_hit_rate(specs: Sequence[RequestSpec], num_workers: int, capacity_tokens: int,
+                              block_size_tokens: int = 16) -> OracleResult:
+    """The hit rate of a static partition with caches of a real size: each prefix group (a tenant, a
+    conversation: RequestSpec.prefix_group; else the request alone) stays on one worker, the groups
+    dealt out round robin in order of first arrival; each worker an LRU cache of capacity_tokens //
+    block_size_tokens blocks, a request's blocks becoming its most recent. Replayed in arrival order
+    one request at a time (no request pins another's blocks): the reference a cache-aware router
+    should beat where the fleet's cache cannot hold every hot prefix."""
+    if num_workers < 1 or block_size_tokens < 1:
+        raise ValueError("num_workers and block_size_tokens must be >= 1")
+    capacity = max(1, capacity_tokens // block_size_tokens)
+    caches: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(num_workers)]
+    owner: dict[str, int] = {}
+    total = shared = 0
+    for spec in arrival_order(specs):
+        tokens = spec.prompt_text().split()
+        cache = caches[owner.setdefault(spec.prefix_group or f"request-{spec.index}", len(owner) % num_workers)]
+        total += len(tokens)
+        key, matching = 0, True
+        for start in range(0, len(tokens) - block_size_tokens + 1, block_size_tokens):
+            key = hash((key, tuple(tokens[start:start + block_size_tokens])))
+            if matching and key in cache:
+                shared += block_size_tokens
+                cache.move_to_end(key)
+            else:
+                matching = False
+                cache[key] = None
+                cache.move_to_end(key)
+                if len(cache) > capacity:
+                    cache.popitem(last=False)
     return OracleResult(prompt_tokens=total, shared_tokens=shared)
 
 

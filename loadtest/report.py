@@ -91,7 +91,7 @@ def write_report(results: Sequence[dict[str, Any]], out_dir: Path, title: str = 
     first = results[0]
     lines = [f"# {title}", "", f"- command: `{first.get('command') or '-'}`", f"- machine: {first['machine']}",
              f"- date: {first['created_at']}", *([f"- {executor_line(first)}"] if executor_line(first) else []),
-             "", "## Comparison", "", comparison_table(results), ""]
+             "", "## Comparison", "", comparison_table(results), "", *_partition_lines(results)]
     for result in results:
         lines += [f"## {result['name']}", "", _run_facts(result), "", run_summary_table(result), ""]
     lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
@@ -151,6 +151,16 @@ def sim_timing_name(worker_args: Sequence[str]) -> str:
 DEFAULT_SIM_TIMING_NAME = "Llama-3.1-8B-Instruct bf16 on 1x H100 SXM 80GB under vLLM (estimated from public figures)"
 
 
+def _partition_lines(results: Sequence[dict[str, Any]]) -> list[str]:
+    """The static-partition reference (loadtest/oracle.py), where the run knew the fleet's KV capacity."""
+    oracle = results[0].get("oracle") or {}
+    partition, best = oracle.get("static_partition_hit_rate"), oracle.get("hit_rate")
+    if partition is None or not best:
+        return []
+    return [f"Static partition with caches of this size (each prefix group on one worker, LRU, simulated over "
+            f"the same requests): hit rate {partition:.3f}, {partition / best:.2f} of the oracle.", ""]
+
+
 def write_benchmarks_section(doc_path: Path, name: str, results: Sequence[dict[str, Any]],
                              command: str, machine: str | None = None) -> None:
     """Replace (or append) the section between the bench:NAME markers with a table built from results,
@@ -160,5 +170,6 @@ def write_benchmarks_section(doc_path: Path, name: str, results: Sequence[dict[s
     markdown = "\n".join([f"### {name}", "", f"Command: `{command}`", "",
                           f"Machine: {machine or results[0]['machine']}; run {results[0]['created_at']}.", "",
                           *([executor, ""] if executor else []),
-                          comparison_table(results), "", f"![hit rate / oracle and TTFT per run]({plot.name})"])
+                          comparison_table(results), "", *_partition_lines(results),
+                          f"![hit rate / oracle and TTFT per run]({plot.name})"])
     benchdoc.replace_section(name, markdown, doc_path)

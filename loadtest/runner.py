@@ -8,7 +8,7 @@ import time
 from typing import Any, Sequence
 
 from loadtest.driver import DriverConfig, DriverRun, run_load
-from loadtest.oracle import oracle_hit_rate
+from loadtest.oracle import oracle_hit_rate, static_partition_hit_rate
 from loadtest.faults import FaultActions, FaultSpec, fault_report, run_schedule, scrape_counters
 from loadtest.report import build_result
 from loadtest.slo import Slo, summarize
@@ -55,9 +55,15 @@ def _oracle_over_sent(specs: Sequence[RequestSpec], records: Sequence[Any], orac
     if not oracle or "block_size_tokens" not in oracle:
         return oracle
     sent = {r.index for r in records}
-    result = oracle_hit_rate([s for s in specs if s.index in sent], oracle["block_size_tokens"])
-    return {**oracle, "hit_rate": result.hit_rate, "prompt_tokens": result.prompt_tokens,
-            "shared_tokens": result.shared_tokens}
+    issued = [s for s in specs if s.index in sent]
+    result = oracle_hit_rate(issued, oracle["block_size_tokens"])
+    out = {**oracle, "hit_rate": result.hit_rate, "prompt_tokens": result.prompt_tokens,
+           "shared_tokens": result.shared_tokens}
+    partition = oracle.get("partition")
+    if partition:  # the fleet's KV capacity is known: the static partition's hit rate with caches that size
+        out["static_partition_hit_rate"] = static_partition_hit_rate(
+            issued, partition["num_workers"], partition["capacity_tokens"], oracle["block_size_tokens"]).hit_rate
+    return out
 
 
 async def _drive(specs: Sequence[RequestSpec], plan: RunPlan) -> tuple[DriverRun, list[dict[str, Any]]]:

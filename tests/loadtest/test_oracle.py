@@ -51,3 +51,19 @@ def test_a_run_cut_short_gets_the_oracle_of_the_requests_it_sent():
     oracle = _oracle_over_sent(specs, sent, planned)
     assert (oracle["prompt_tokens"], oracle["shared_tokens"], oracle["hit_rate"]) == (4, 2, 0.5)
     assert _oracle_over_sent(specs, sent[:1], planned)["hit_rate"] == 0.0
+
+
+def test_a_static_partition_with_small_caches_loses_what_does_not_fit():
+    from loadtest.oracle import static_partition_hit_rate
+    from loadtest.types import RequestSpec
+
+    def req(i: int, group: str, words: str) -> RequestSpec:
+        return RequestSpec(index=i, kind="completion", max_tokens=1, prompt=words, prefix_group=group)
+
+    a, b = " ".join(f"a{i}" for i in range(8)), " ".join(f"b{i}" for i in range(8))
+    specs = [req(0, "A", a), req(1, "B", b), req(2, "A", a), req(3, "B", b)]
+    # two workers: A and B each on its own, both fit (4 blocks of 2 words each)
+    assert static_partition_hit_rate(specs, 2, capacity_tokens=8, block_size_tokens=2).hit_rate == 0.5
+    # one worker holding one prefix at a time: each evicts the other
+    assert static_partition_hit_rate(specs, 1, capacity_tokens=8, block_size_tokens=2).hit_rate == 0.0
+    assert static_partition_hit_rate(specs, 1, capacity_tokens=16, block_size_tokens=2).hit_rate == 0.5

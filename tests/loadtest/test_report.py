@@ -112,3 +112,26 @@ def test_a_real_engine_fleet_names_its_engine_and_the_routers_own_prediction_hit
     assert "Figures from real engines: 2 x vLLM (CPU build), model `default`" in doc.read_text()
     report = write_report([result], tmp_path).read_text()
     assert "router prediction hit ratio 0.875 (224000 predicted / 196000 reported cached tokens)" in report
+
+
+def test_a_run_that_knew_the_fleets_capacity_names_the_static_partition_beside_the_oracle(tmp_path):
+    result = _result("kv_aware")
+    result["oracle"] = {"hit_rate": 0.8, "static_partition_hit_rate": 0.6}
+    doc = tmp_path / "benchmarks.md"
+    write_benchmarks_section(doc, "routing", [result], "kvgate bench fleet --num-blocks 192")
+    assert "hit rate 0.600, 0.75 of the oracle" in doc.read_text()
+    write_benchmarks_section(doc, "plain", [_result("kv_aware")], "kvgate bench fleet")
+    assert doc.read_text().split("<!-- bench:plain:start -->")[1].count("Static partition") == 0
+
+
+def test_the_fleets_capacity_reaches_the_oracle_plan_in_tokens(tmp_path):
+    from loadtest.cli import _partition, build_parser
+
+    def parsed(*extra: str):
+        return build_parser().parse_args(["fleet", *extra, "--workload", "low_reuse", "--concurrency", "1",
+                                          "--out", str(tmp_path)])
+
+    assert _partition(parsed("--workers", "2")) is None
+    assert _partition(parsed("--workers", "2", "--num-blocks", "192")) == {"num_workers": 2, "capacity_tokens": 3072}
+    assert _partition(parsed("--engine", "vllm", "--workers", "2", "--num-blocks", "192"))["capacity_tokens"] == 6144
+    assert _partition(parsed("--num-blocks", "10", "--worker-arg=--block-size=8"))["capacity_tokens"] == 80
