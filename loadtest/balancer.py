@@ -52,4 +52,5 @@ http {{
 
 
 def balancer_argv(conf: Path, run_dir: Path) -> list[str]:
-    return ["nginx", "-c", str(conf), "-p", str(run_dir)]
+    """nginx on conf, run_dir its prefix (both made absolute: nginx reads -c relative to -p)."""
+    return ["nginx", "-c", str(conf.resolve()), "-p", str(run_dir.resolve())]

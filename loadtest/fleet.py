@@ -207,7 +207,7 @@ class Fleet(Started):
             return f"http://127.0.0.1:{port}"
         if not nginx_available():
             raise RuntimeError(f"--gateway-replicas needs nginx as its balancer: {APT_INSTALL}")
-        conf = self.run_dir / "balancer" / "nginx.conf"
+        conf = (self.run_dir / "balancer" / "nginx.conf").resolve()  # nginx takes paths relative to its prefix
         conf.parent.mkdir(parents=True, exist_ok=True)
         conf.write_text(balancer_conf(port, ports, conf.parent))
         self._start("balancer", balancer_argv(conf, conf.parent), f"http://127.0.0.1:{port}/health") \
