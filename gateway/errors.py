@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
+from types import TracebackType
 
 import httpx
 
@@ -38,17 +37,29 @@ class UpstreamError(Exception):
         return None if self.status == 429 else True
 
 
-@contextlib.contextmanager
-def map_upstream_errors(phase: str = "request") -> Iterator[None]:
-    """Translate httpx exceptions into UpstreamError; phase names what we were waiting for."""
-    try:
-        yield
-    except httpx.ConnectError as exc:
-        raise UpstreamError("connect", f"cannot connect: {exc}") from exc
-    except httpx.ConnectTimeout as exc:
-        raise UpstreamError("connect", "connect timed out") from exc
-    except httpx.TimeoutException as exc:
-        raise UpstreamError("first_byte_timeout" if phase == "headers" else "idle_timeout",
-                            f"timed out waiting for {phase}") from exc
-    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.NetworkError) as exc:
-        raise UpstreamError("protocol", f"connection lost during {phase}: {exc!r}") from exc
+class map_upstream_errors:  # noqa: N801 - used as a function, like contextlib.suppress
+    """`with map_upstream_errors(phase): ...` translates httpx exceptions into UpstreamError; phase
+    names what we were waiting for. (A class rather than a generator: it is entered on every read.)"""
+
+    __slots__ = ("phase",)
+
+    def __init__(self, phase: str = "request") -> None:
+        self.phase = phase
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:
+        if exc is None or not isinstance(exc, httpx.HTTPError):
+            return False
+        if isinstance(exc, httpx.ConnectError):
+            raise UpstreamError("connect", f"cannot connect: {exc}") from exc
+        if isinstance(exc, httpx.ConnectTimeout):
+            raise UpstreamError("connect", "connect timed out") from exc
+        if isinstance(exc, httpx.TimeoutException):
+            raise UpstreamError("first_byte_timeout" if self.phase == "headers" else "idle_timeout",
+                                f"timed out waiting for {self.phase}") from exc
+        if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.NetworkError)):
+            raise UpstreamError("protocol", f"connection lost during {self.phase}: {exc!r}") from exc
+        return False

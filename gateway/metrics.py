@@ -1,14 +1,16 @@
-"""Gateway metrics (prefix `kvgate_`), one registry per app; no API key ever becomes a label."""
+"""Gateway metrics (prefix `kvgate_`), one registry per app; no API key ever becomes a label. The series
+every request updates are kept on the event loop without locks (gateway/loop_metrics.py)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from admission.pool_admission import PoolState
+from gateway.loop_metrics import LoopCounter, LoopHistogram
 from router.router import RouterStats
 
 disable_created_metrics()  # no `_created` series beside every counter: scrape noise no dashboard reads
@@ -24,16 +26,17 @@ _DECISION_BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0
 class GatewayMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("kvgate_requests", "Requests by tenant, model and final HTTP status.",
-                                ["tenant", "model", "status"], registry=r)
-        self.ttft = Histogram("kvgate_time_to_first_token_seconds", "Client-side time to first token.",
-                              ["model"], buckets=_LATENCY_BUCKETS_S, registry=r)
-        self.itl = Histogram("kvgate_inter_token_latency_seconds", "Time between streamed chunks.", ["model"],
-                             buckets=_ITL_BUCKETS_S, registry=r)
-        self.e2e = Histogram("kvgate_e2e_request_latency_seconds", "End-to-end request latency.", ["model"],
-                             buckets=_LATENCY_BUCKETS_S, registry=r)
-        self.attempts = Counter("kvgate_upstream_attempts", "Upstream attempts by worker and outcome.",
-                                ["worker", "outcome"], registry=r)
+        # Loop*: the series requests update, without locks (gateway/loop_metrics.py); the rest are prometheus_client's
+        self.requests = LoopCounter("kvgate_requests", "Requests by tenant, model and final HTTP status.",
+                                    ["tenant", "model", "status"], r)
+        self.ttft = LoopHistogram("kvgate_time_to_first_token_seconds", "Client-side time to first token.",
+                                  ["model"], _LATENCY_BUCKETS_S, r)
+        self.itl = LoopHistogram("kvgate_inter_token_latency_seconds", "Time between streamed chunks.", ["model"],
+                                 _ITL_BUCKETS_S, r)
+        self.e2e = LoopHistogram("kvgate_e2e_request_latency_seconds", "End-to-end request latency.", ["model"],
+                                 _LATENCY_BUCKETS_S, r)
+        self.attempts = LoopCounter("kvgate_upstream_attempts", "Upstream attempts by worker and outcome.",
+                                    ["worker", "outcome"], r)
         self.retries = Counter("kvgate_upstream_retries", "Retries on another worker.", ["pool"], registry=r)
         self.budget_refusals = Counter("kvgate_retry_budget_refusals", "Retries refused by the retry budget.",
                                        ["pool"], registry=r)
@@ -45,31 +48,31 @@ class GatewayMetrics:
         self.worker_healthy = Gauge("kvgate_worker_healthy", "1 if the worker is in rotation.", ["worker"],
                                     registry=r)
         self.ejections = Counter("kvgate_worker_ejections", "Slow-worker ejections.", ["worker"], registry=r)
-        self.prompt_tokens = Counter("kvgate_prompt_tokens", "Prompt tokens (from upstream usage).",
-                                     ["tenant", "model"], registry=r)
-        self.completion_tokens = Counter("kvgate_completion_tokens", "Completion tokens (from upstream usage).",
-                                         ["tenant", "model"], registry=r)
-        self.cached_tokens = Counter("kvgate_cached_tokens", "Prompt tokens served from a worker's prefix cache.",
-                                     ["tenant", "model"], registry=r)
-        self.decision_seconds = Histogram("kvgate_routing_decision_seconds",
-                                          "Tokenize + key + match + score time per request.",
-                                          buckets=_DECISION_BUCKETS_S, registry=r)
+        self.prompt_tokens = LoopCounter("kvgate_prompt_tokens", "Prompt tokens (from upstream usage).",
+                                         ["tenant", "model"], r)
+        self.completion_tokens = LoopCounter("kvgate_completion_tokens", "Completion tokens (from upstream usage).",
+                                             ["tenant", "model"], r)
+        self.cached_tokens = LoopCounter("kvgate_cached_tokens", "Prompt tokens served from a worker's prefix cache.",
+                                         ["tenant", "model"], r)
+        self.decision_seconds = LoopHistogram("kvgate_routing_decision_seconds",
+                                              "Tokenize + key + match + score time per request.", [],
+                                              _DECISION_BUCKETS_S, r)
         self.kv_events = Gauge("kvgate_kv_events_applied", "KV events applied per worker (subscriber).",
                                ["worker"], registry=r)
         self.policy_reloads = Counter("kvgate_policy_reloads", "Routing-policy file reloads, by outcome.",
                                       ["outcome"], registry=r)
-        self.admitted = Counter("kvgate_admitted", "Requests admitted, by pool, tenant and priority.",
-                                ["pool", "tenant", "priority"], registry=r)
-        self.rejected = Counter("kvgate_rejected", "Requests refused by admission (429 tenant limits, 503 pool "
-                                "overload), by reason.", ["pool", "tenant", "priority", "reason"], registry=r)
-        self.refusal_seconds = Histogram(
+        self.admitted = LoopCounter("kvgate_admitted", "Requests admitted, by pool, tenant and priority.",
+                                    ["pool", "tenant", "priority"], r)
+        self.rejected = LoopCounter("kvgate_rejected", "Requests refused by admission (429 tenant limits, 503 pool "
+                                    "overload), by reason.", ["pool", "tenant", "priority", "reason"], r)
+        self.refusal_seconds = LoopHistogram(
             "kvgate_refusal_seconds", "Time from a completion request's arrival at its endpoint to its admission "
             "refusal, by reason (refused on arrival, or after a wait in the queue).",
-            ["reason"], buckets=_REFUSAL_BUCKETS_S, registry=r)
-        self.queue_wait = Histogram("kvgate_queue_wait_seconds", "Time a queued request waited for admission.",
-                                    ["pool", "priority"], buckets=_QUEUE_WAIT_BUCKETS_S, registry=r)
-        self.cost = Counter("kvgate_cost", "What requests cost in USD (the pool's prices x usage), answered or not.",
-                            ["tenant"], registry=r)
+            ["reason"], _REFUSAL_BUCKETS_S, r)
+        self.queue_wait = LoopHistogram("kvgate_queue_wait_seconds", "Time a queued request waited for admission.",
+                                        ["pool", "priority"], _QUEUE_WAIT_BUCKETS_S, r)
+        self.cost = LoopCounter("kvgate_cost", "What requests cost in USD (the pool's prices x usage), answered "
+                                "or not.", ["tenant"], r)
         self._cost_by_tenant: dict[str, float] = {}
         self._answered_by_tenant: dict[str, int] = {}
 
@@ -108,7 +111,8 @@ class GatewayMetrics:
             self._answered_by_tenant[tenant] = self._answered_by_tenant.get(tenant, 0) + 1
 
     def child(self, metric, *label_values: str):
-        """metric.labels(*label_values), remembered: prometheus' own lookup locks and validates each call."""
+        """metric.labels(*label_values), remembered: prometheus' own lookup locks and validates each call
+        (a loop metric's is a dict lookup too)."""
         key = (metric, label_values)
         found = self._children.get(key)
         if found is None:

@@ -7,26 +7,26 @@ part of the gateway a request touches.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, TypeVar
+from typing import Any
 
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from admission.cost import request_cost_usd
 from admission.priority import Priority
 from gateway.admission import Admission, AdmissionRequest, Refused
+from gateway.client_watch import ClientWatch
 from gateway.errors import UpstreamError
 from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
 from gateway.request_body import estimate_prompt_tokens, parse_body, read_body
-from gateway.session import ProxyRequest, Session
+from gateway.session import ProxyRequest, Session, Write
 from gateway.sse import compact_json
 from gateway.upstream_http import UpstreamClient
 from kvgate.api_error import ApiError
@@ -39,7 +39,6 @@ from router.tokenization import RoutingTokenizer
 from router.types import RouteRequest
 
 log = logging.getLogger("kvgate.gateway")
-T = TypeVar("T")
 
 # passed on to workers; a client's x-priority is not (the worker gets the admitted one)
 FORWARDED_HEADERS = ("traceparent", "tracestate", "x-request-deadline-ms", "x-session-id", "x-workflow-id",
@@ -80,33 +79,39 @@ class ProxyEndpoint:
         tenant = scope.get("state", {}).get("tenant", "anonymous")
         model_label = "unknown"
         metrics = self.metrics
+        watch = None
         try:
-            raw = await read_body(receive)
-            body = await self.offload.run_yielding(len(raw), parse_body, raw, self.kind,
-                                                   max_prompt_tokens=self.longest_prompt_tokens)
-            model = body["model"]
-            model_label = model if model in self.models else "unknown"
-            started = await _unless_disconnected(receive, self._start(scope, body, len(raw), tenant))
-        except ApiError as error:
-            metrics.child(metrics.requests, tenant, model_label, str(error.status)).inc()
-            await error.response(self._refusal_timing(error, arrived))(scope, receive, send)
-            return
-        except UpstreamError as error:  # the worker refused the request itself (4xx): pass its answer on
-            metrics.child(metrics.requests, tenant, model_label, str(error.status)).inc()
-            await Response(error.body, status_code=error.status or 502, media_type="application/json")(
-                scope, receive, send)
-            return
-        except Exception:  # a bug: the client still gets an OpenAI-style 500 (with its request id) and it is counted
-            log.exception("request %s failed", scope.get("state", {}).get("request_id", ""))
-            metrics.child(metrics.requests, tenant, model_label, "500").inc()
-            await ApiError(500, "internal error in the gateway", "server_error").response()(scope, receive, send)
-            return
-        if started is None:  # the client went away before the first token: the attempt was cancelled
-            metrics.child(metrics.requests, tenant, model_label, "499").inc()
-            await _client_gone(send)
-            return
-        session, held = started
-        await self._respond(session, held, tenant, scope, receive, send)
+            try:
+                raw = await read_body(receive)
+                body = await self.offload.run_yielding(len(raw), parse_body, raw, self.kind,
+                                                       max_prompt_tokens=self.longest_prompt_tokens)
+                model = body["model"]
+                model_label = model if model in self.models else "unknown"
+                watch = ClientWatch(receive)  # the one watcher for the rest of the request
+                started = await watch.run(self._start(scope, body, len(raw), tenant))
+            except ApiError as error:
+                metrics.child(metrics.requests, tenant, model_label, str(error.status)).inc()
+                await error.response(self._refusal_timing(error, arrived))(scope, receive, send)
+                return
+            except UpstreamError as error:  # the worker refused the request itself (4xx): pass its answer on
+                metrics.child(metrics.requests, tenant, model_label, str(error.status)).inc()
+                await Response(error.body, status_code=error.status or 502, media_type="application/json")(
+                    scope, receive, send)
+                return
+            except Exception:  # a bug: the client still gets an OpenAI-style 500 (with its request id), counted
+                log.exception("request %s failed", scope.get("state", {}).get("request_id", ""))
+                metrics.child(metrics.requests, tenant, model_label, "500").inc()
+                await ApiError(500, "internal error in the gateway", "server_error").response()(scope, receive, send)
+                return
+            if started is None:  # the client went away before the first token: the attempt was cancelled
+                metrics.child(metrics.requests, tenant, model_label, "499").inc()
+                await _client_gone(send)
+                return
+            session, held = started
+            await self._respond(session, held, tenant, watch, scope, receive, send)
+        finally:
+            if watch is not None:
+                watch.stop()
 
     def _refusal_timing(self, error: ApiError, arrived: float) -> dict[str, str] | None:
         """An admission refusal is timed from the request's arrival at this endpoint: counted in
@@ -120,7 +125,7 @@ class ProxyEndpoint:
 
     async def _start(self, scope: Scope, body: dict[str, Any], body_bytes: int, tenant: str) -> tuple[Session, list]:
         """Admit, route and open the upstream stream; the permit ends here unless a session holds it."""
-        pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+        pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]  # ASGI: names in lower case
         first = dict(reversed(pairs))  # Headers.get semantics: the first of repeated headers
         priority = self.admission.priority_for(tenant, _requested_priority(first.get("x-priority")))
         state = scope.get("state", {})
@@ -129,7 +134,7 @@ class ProxyEndpoint:
             model=body["model"], messages=body.get("messages") if self.kind == "chat" else None,
             prompt=body.get("prompt") if self.kind == "completion" else None, tools=body.get("tools"),
             request_id=request_id, tenant=tenant, priority=priority.label, session_id=first.get("x-session-id"),
-            headers={k.lower(): v for k, v in pairs if k.lower() not in ("authorization", "x-api-key")},
+            headers={k: v for k, v in pairs if k not in ("authorization", "x-api-key")},
             path=self.path)
         pool = self._pool_for(route_req)
         permit = await self.admission.admit(AdmissionRequest(
@@ -195,23 +200,23 @@ class ProxyEndpoint:
         return ApiError(503, f"no healthy worker: {exc}", "service_unavailable", code="no_healthy_worker",
                         retry_after_s=1)
 
-    async def _respond(self, session: Session, held: list, tenant: str, scope: Scope, receive: Receive,
-                       send: Send) -> None:
+    async def _respond(self, session: Session, held: list, tenant: str, watch: ClientWatch, scope: Scope,
+                       receive: Receive, send: Send) -> None:
+        """The answer, with raw ASGI messages: a stream as one body message per upstream read, or the
+        assembled response; a client that goes away meanwhile cancels the rest upstream (499)."""
         headers = [(b"x-kvgate-worker", session.tried[-1].encode())]
         if self.debug_header_for(tenant):
             headers.append((b"x-kvgate-route", session.ticket.decision.explain()[:2000].encode("latin-1", "replace")))
         if session.req.client_stream:
-            response = StreamingResponse(self._observed(session, session.stream(held), tenant),
-                                         media_type="text/event-stream", headers={"cache-control": "no-cache"})
-            response.raw_headers += headers
             try:
-                await response(scope, receive, send)
-            finally:  # a stream the server never read (its client left at once) ends here
+                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + headers})
+                await watch.run(session.stream(held, _body_writer(send)))
+            finally:  # a stream cut short (its client left, or the gateway failed) ends here
                 await session.end()
                 self._finish(session, tenant)
             return
         try:
-            result = await _unless_disconnected(receive, session.collect(held))
+            result = await watch.run(session.collect(held))
         except ApiError as error:  # the worker failed mid-answer and no other could continue it
             session.error_status = error.status
             self._finish(session, tenant)
@@ -227,13 +232,6 @@ class ProxyEndpoint:
                     (b"x-kvgate-failovers", str(session.failovers).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": content})
-
-    async def _observed(self, session: Session, stream, tenant: str):
-        try:
-            async for data in stream:
-                yield data
-        finally:
-            self._finish(session, tenant)
 
     def _finish(self, session: Session, tenant: str) -> None:
         """The request's one terminal record: status (200 if answered, the error it ended with, else
@@ -260,6 +258,8 @@ class ProxyEndpoint:
                                                completion_per_1m=prices.completion_per_1m), answered)
 
 
+# what StreamingResponse sent for text/event-stream, in its order
+_SSE_HEADERS = [(b"cache-control", b"no-cache"), (b"content-type", b"text/event-stream; charset=utf-8")]
 _DROPPED = ("upstream_unavailable", "failover_failed")  # ticket outcomes the fleet caused: congestion to the limiter
 
 
@@ -314,33 +314,10 @@ def _without_client_priority(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k != "priority"}
 
 
-async def _unless_disconnected(receive: Receive, awaitable: Awaitable[T]) -> T | None:
-    """awaitable's result, awaited in this task; None if the client disconnects first (this task
-    is then cancelled, so the upstream attempt is aborted at once and cleans up after itself)."""
-    task = asyncio.current_task()
-    disconnected = False
+def _body_writer(send: Send) -> Write:
+    """The session's write(data, more_body) as raw ASGI body messages."""
 
-    async def watch() -> None:
-        nonlocal disconnected
-        try:
-            await _wait_disconnect(receive)
-        except Exception:  # noqa: BLE001 - a broken receive counts as a client gone away
-            pass
-        disconnected = True
-        task.cancel()
+    async def write(data: bytes, more_body: bool) -> None:
+        await send({"type": "http.response.body", "body": data, "more_body": more_body})
 
-    watcher = asyncio.ensure_future(watch())
-    try:
-        return await awaitable
-    except asyncio.CancelledError:
-        if not disconnected:
-            raise
-        task.uncancel()
-        return None
-    finally:
-        watcher.cancel()
-
-
-async def _wait_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
+    return write

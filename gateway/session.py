@@ -18,14 +18,16 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 from gateway.admission import Permit
 from gateway.chunks import carries_token_ids, chat_logprobs, merge_logprobs, merge_tool_call_deltas
 from gateway.continuation import text_continuation, token_id_continuation
 from gateway.errors import UpstreamError
 from gateway.fleet import Fleet
+from gateway.loop_metrics import HistogramChild
 from gateway.metrics import GatewayMetrics
 from gateway.sse import DONE, SseEvent, encode_event
 from gateway.upstream import Attempt, open_attempt, read_events, wait_first_progress
@@ -36,6 +38,8 @@ from kvgate.json_body import dump_json
 from kvgate.offload import Offloader
 from router.ticket import RouteTicket
 from router.tokenization import RoutingTokenizer
+
+Write = Callable[[bytes, bool], Awaitable[None]]  # (data, more_body): a piece of the client's stream
 
 BACKOFF_BASE_S = 0.025
 BACKOFF_CAP_S = 0.5
@@ -97,6 +101,7 @@ class Session:
     done: bool = False
     first_token_s: float | None = None
     last_token_s: float | None = None
+    itl: HistogramChild | None = None  # the model's inter-token latency series, from the first token on
     delivered_tokens_at_failover: int = 0
     text_offset_base: int = 0  # characters of the answer before the last failover (a continuation counts from 0)
     token_ids: list[int] = field(default_factory=list)  # generated so far (return_token_ids)
@@ -202,23 +207,24 @@ class Session:
 
     # -- after the first byte ----------------------------------------------------------------
 
-    async def stream(self, held: list[SseEvent]) -> AsyncIterator[bytes]:
-        """Bytes for the client: the upstream events (rewritten after a failover), usage, [DONE]."""
+    async def stream(self, held: list[SseEvent], write: Write) -> None:
+        """Send the answer to the client: write(data, more_body) once per upstream read, with the
+        client's events of that read as they came (rewritten after a failover); the last write,
+        after the session has ended, carries the usage, [DONE] and more_body=False."""
         try:
-            async for data in self._events(held):
-                yield data
+            last = await self._run(held, write)
         except ApiError as error:  # no worker could continue: end the stream with an error
             self.error_status = error.status
-            yield encode_event(error.body())
+            last = [encode_event(error.body())]
         finally:
             await self.end()
-        yield DONE
+        last.append(DONE)
+        await write(b"".join(last), False)
 
     async def collect(self, held: list[SseEvent]) -> dict[str, Any]:
         """Run to the end and build a non-streaming OpenAI response."""
         try:
-            async for _ in self._events(held):
-                pass
+            await self._run(held, None)
         finally:
             await self.end()
         return self._full_response()
@@ -234,22 +240,32 @@ class Session:
         # An attempt still open here was answering (upstream failures fail over, closing theirs): the
         # worker served what it was asked until the answer ended, its client left, or the gateway
         # failed on its own. Its breaker hears a success, so a half-open trial always ends.
-        await self._close_attempt(ok=True)
-        if answered:
-            self.ticket.finished(self.usage)
-        else:
-            self.ticket.failed(self.end_reason or "client_gone")
+        try:
+            await self._close_attempt(ok=True)
+        finally:  # the ticket ends even if the client's task is cancelled while the answer's rest drains
+            if answered:
+                self.ticket.finished(self.usage)
+            else:
+                self.ticket.failed(self.end_reason or "client_gone")
 
-    async def _events(self, held: list[SseEvent]) -> AsyncIterator[bytes]:
+    async def _run(self, held: list[SseEvent], write: Write | None) -> list[bytes]:
+        """Read the answer to its end, across failovers. With write (a streaming client), each
+        upstream read's events for the client are written at once, as one piece; the last read's
+        are returned unwritten, with the usage event the client asked for. Without write, nothing
+        is encoded for the client (collect() builds its answer from what _process() keeps)."""
         pending = held
         up = self.settings
         while True:
+            out: list[bytes] = []
             try:
                 for event in pending:
-                    for data in self._process(event):
-                        yield data
+                    if self._process(event) and write is not None:
+                        out.append(self._for_client(event))
                 if self.done:
                     break
+                if out:
+                    await write(b"".join(out) if len(out) > 1 else out[0], True)
+                    out = []
                 assert self.attempt is not None
                 pending = await read_events(self.attempt, up.idle_timeout_s)
                 if self.attempt.eof:
@@ -258,20 +274,24 @@ class Session:
                 if self.finish_reason is not None:  # only the trailer was lost
                     self.done = True
                     break
+                if out:  # what this read gave before its error event reaches the client first
+                    await write(b"".join(out), True)
                 pending = await self._failover(error)
-        if self.req.client_include_usage:
+        if write is not None and self.req.client_include_usage:
             usage = self.final_usage()
             if usage is not None:
-                yield self.usage_raw if (self.failovers == 0 and self.usage_raw) else encode_event(
-                    {**self._envelope(), "choices": [], "usage": usage})
+                out.append(self.usage_raw if (self.failovers == 0 and self.usage_raw) else encode_event(
+                    {**self._envelope(), "choices": [], "usage": usage}))
+        return out
 
-    def _process(self, event: SseEvent) -> list[bytes]:
+    def _process(self, event: SseEvent) -> bool:
+        """Take in one upstream event; True if the client sees it (as _for_client writes it)."""
         if event.is_done:
             self.done = True
-            return []
+            return False
         payload = event.payload
         if payload is None:
-            return []
+            return False
         if "error" in payload:
             raise UpstreamError("protocol", f"worker reported an error mid-stream: {payload['error']}")
         if payload.get("usage"):
@@ -280,7 +300,7 @@ class Session:
         if not choices:
             if payload.get("usage"):
                 self.usage_raw = event.raw
-            return []
+            return False
         if self.first_payload is None:
             self.first_payload = payload
         choice = choices[0]
@@ -291,10 +311,10 @@ class Session:
             self.token_ids.extend(token_ids)
         delta = choice.get("delta")
         text = (delta or {}).get("content") if delta is not None else choice.get("text")
-        if (delta is not None and set(delta) <= {"role", "content"} and not text and not token_ids
-                and choice.get("finish_reason") is None):
+        if (delta is not None and not text and not token_ids and choice.get("finish_reason") is None
+                and set(delta) <= {"role", "content"}):
             if self.role_sent:
-                return []  # a continuation's role announcement
+                return False  # a continuation's role announcement
             self.role_sent = True
         if choice.get("finish_reason") is not None:
             self.finish_reason = choice["finish_reason"]
@@ -309,7 +329,7 @@ class Session:
             if self.failovers:
                 choice["logprobs"] = self._continued_logprobs(choice["logprobs"])
             self.logprobs = merge_logprobs(self.logprobs, choice["logprobs"])
-        return [self._for_client(event)]
+        return True
 
     def _continued_logprobs(self, logprobs: dict[str, Any]) -> dict[str, Any]:
         """A continuation's logprobs as the client's answer has them: a chat's as a chat's (it went on
@@ -350,12 +370,13 @@ class Session:
 
     def _mark_token(self) -> None:
         now = time.monotonic()
-        metrics, model = self.metrics, self.req.model
         if self.first_token_s is None:
             self.first_token_s = now
+            metrics, model = self.metrics, self.req.model
             metrics.child(metrics.ttft, model).observe(now - self.req.started_s)
+            self.itl = metrics.child(metrics.itl, model)
         else:
-            metrics.child(metrics.itl, model).observe(now - (self.last_token_s or now))
+            self.itl.observe(now - (self.last_token_s or now))
         self.last_token_s = now
 
     def _envelope(self) -> dict[str, Any]:

@@ -1,8 +1,17 @@
-"""Incremental Server-Sent Events parsing of an upstream byte stream, event by event.
+"""Incremental Server-Sent Events parsing of an upstream byte stream, event by event, and the
+compact JSON the gateway writes.
 
 Events are returned as the raw bytes to forward (`data: ...\\n\\n`) plus the decoded JSON payload
 (None for `[DONE]` or a non-JSON payload), so the proxy can pass bytes through untouched and
 still read text, finish reasons and usage.
+
+JSON goes through orjson, with Python's json module where orjson declines, so the values are
+those json gives: a payload orjson refuses (NaN, Infinity, a number too large for a float, an
+unpaired surrogate escape, invalid UTF-8, replaced) is parsed by json, its non-finite floats as
+NonFinite (a float that orjson will not encode, so they are written back as json writes them);
+a value orjson cannot encode is encoded by json. What differs from json alone: integers beyond
+64 bits in a worker's chunk (none sends them) come out as floats, and a re-encoded float may be
+written in another form of the same number (1e-7 or 0.00001 where json writes 1e-07 or 1e-05).
 """
 
 from __future__ import annotations
@@ -10,7 +19,9 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
+
+import orjson
 
 
 @dataclass(slots=True)
@@ -38,16 +49,17 @@ class SseParser:
         self._buffer = b""
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
-        self._buffer += chunk
+        buffer = self._buffer + chunk if self._buffer else chunk
         events = []
-        while True:
-            end = _event_end(self._buffer)
-            if end is None:
-                return events
-            raw, self._buffer = self._buffer[:end], self._buffer[end:]
-            event = _parse(raw)
+        start = 0
+        ends = _lf_event_ends if b"\r" not in buffer else _event_ends  # the usual LF-only stream: no regex
+        for end in ends(buffer):
+            event = _parse(buffer[start:end])
             if event is not None:
                 events.append(event)
+            start = end
+        self._buffer = buffer[start:] if start else buffer
+        return events
 
 
 _EOL = rb"(?:\r\n|\r(?!\n)|\n)"
@@ -55,29 +67,62 @@ _EVENT_END = re.compile(_EOL + _EOL)  # a line's end, then an empty line's
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
-def _event_end(buffer: bytes) -> int | None:
-    """Where the first complete event in buffer ends (after its empty line), or None."""
-    if b"\r" not in buffer:  # the usual LF-only stream, without a regex
-        i = buffer.find(b"\n\n")
-        return None if i < 0 else i + 2
-    match = _EVENT_END.search(buffer)
-    return None if match is None else match.end()
+def _lf_event_ends(buffer: bytes) -> Iterator[int]:
+    """Where each complete event in buffer (no CR in it) ends, after its empty line."""
+    i = buffer.find(b"\n\n")
+    while i >= 0:
+        yield i + 2
+        i = buffer.find(b"\n\n", i + 2)
+
+
+def _event_ends(buffer: bytes) -> Iterator[int]:
+    """Where each complete event in buffer ends, after its empty line, in any line ending."""
+    return (match.end() for match in _EVENT_END.finditer(buffer))
 
 
 def _parse(raw: bytes) -> SseEvent | None:
-    lines = raw.split(b"\n") if b"\r" not in raw else _LINE_END.split(raw)
-    data_lines = [value for value in map(_data_value, lines) if value is not None]
-    if not data_lines:
-        return None  # comments, keep-alives, fields without data
-    data = b"\n".join(data_lines).decode("utf-8", errors="replace")
+    if raw.startswith(b"data: ") and raw.find(b"\n", 6) == len(raw) - 2 and b"\r" not in raw:
+        value = raw[6:-2]  # the usual event: one data line
+    else:
+        lines = raw.split(b"\n") if b"\r" not in raw else _LINE_END.split(raw)
+        data_lines = [value for value in map(_data_value, lines) if value is not None]
+        if not data_lines:
+            return None  # comments, keep-alives, fields without data
+        value = b"\n".join(data_lines)
+    data = value.decode("utf-8", errors="replace")
     payload = None
     if data != "[DONE]":
-        try:
-            decoded = json.loads(data)
-            payload = decoded if isinstance(decoded, dict) else None
-        except json.JSONDecodeError:
-            payload = None
+        decoded = _loads(value, data)
+        payload = decoded if isinstance(decoded, dict) else None
     return SseEvent(raw=raw, data=data, payload=payload)
+
+
+def _loads(value: bytes, text: str) -> Any:
+    """value parsed as JSON (text: value decoded, invalid UTF-8 replaced); None if it is not JSON."""
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(text, parse_constant=_non_finite, parse_float=_float)
+    except json.JSONDecodeError:
+        return None
+
+
+class NonFinite(float):
+    """NaN or an infinity from a worker's chunk: a float, but one orjson refuses to encode (it
+    would write null), so compact_json writes it as json does (NaN, Infinity)."""
+
+    __slots__ = ()
+
+
+def _non_finite(name: str) -> float:
+    return NonFinite(name)
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    return value if value - value == 0 else NonFinite(value)  # inf - inf is NaN, as is NaN - NaN
 
 
 def _data_value(line: bytes) -> bytes | None:
@@ -95,8 +140,12 @@ _COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def compact_json(payload: Any) -> bytes:
-    """UTF-8 JSON without spaces, as the gateway writes events and responses."""
-    return _COMPACT.encode(payload).encode()
+    """UTF-8 JSON without spaces, as the gateway writes events and responses (orjson; json for what
+    orjson declines: a NonFinite float, an integer beyond 64 bits, a non-string key...)."""
+    try:
+        return orjson.dumps(payload)
+    except TypeError:  # orjson.JSONEncodeError included
+        return _COMPACT.encode(payload).encode()
 
 
 def encode_event(payload: dict[str, Any]) -> bytes:

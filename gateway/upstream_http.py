@@ -2,9 +2,10 @@
 
 httpx's pool scans every pooled connection (and polls its socket) on each request, which costs
 more than the rest of the proxy at a few hundred connections; this client pops an idle
-connection in O(1). Reading stops while more than MAX_BUFFERED_BYTES wait for the reader, so a
-slow client still pushes back on the worker. Network failures raise httpx's exception types, so
-gateway.errors.map_upstream_errors stays the one place that translates upstream errors.
+connection in O(1). The reader takes whatever body bytes have arrived as one piece; reading stops
+while more than MAX_BUFFERED_BYTES wait for it, so a slow client still pushes back on the worker.
+Network failures raise httpx's exception types, so gateway.errors.map_upstream_errors stays the one
+place that translates upstream errors.
 
 Idle connections expire after KEEPALIVE_EXPIRY_S, below the workers' own idle close (uvicorn's
 default is 5 s), so the gateway normally drops a connection before the worker does. A request on a
@@ -109,12 +110,19 @@ class _Connection(asyncio.Protocol):
             self._error = error
         self._wake()
 
-    async def _wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
+    async def _wait(self, timeout_s: float | None = None) -> None:
+        """Until the parser or the connection has news; TimeoutError after timeout_s (a timer on the
+        loop: asyncio.timeout would cancel and uncancel the task, at several times the cost, on
+        every read of a stream)."""
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = None if timeout_s is None else loop.call_later(timeout_s, _time_out, waiter)
         try:
-            await self._waiter
+            await waiter
         finally:
             self._waiter = None
+            if timer is not None:
+                timer.cancel()
 
     async def wait_headers(self) -> None:
         while not self.headers_done:
@@ -123,13 +131,16 @@ class _Connection(asyncio.Protocol):
             await self._wait()
 
     async def next_chunk(self, timeout_s: float | None = None) -> bytes | None:
-        """The next body bytes; None at the end of the response. timeout_s bounds each wait for data
-        (TimeoutError); bytes already received are returned without setting a timer."""
+        """The body bytes received since the last call (all of them, as one piece: a read of several
+        HTTP chunks is not handed on chunk by chunk); None at the end of the response. timeout_s
+        bounds each wait for data (TimeoutError); bytes already received are returned without a timer."""
         while True:
             if self._chunks:
-                chunk = self._chunks.popleft()
-                self._buffered -= len(chunk)
-                if self._paused and self._buffered <= MAX_BUFFERED_BYTES // 2:
+                chunks = self._chunks
+                chunk = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+                chunks.clear()
+                self._buffered = 0
+                if self._paused:
                     self._paused = False
                     self.transport.resume_reading()
                 return chunk
@@ -137,11 +148,7 @@ class _Connection(asyncio.Protocol):
                 return None
             if self._error is not None:
                 raise self._error
-            if timeout_s is None:
-                await self._wait()
-            else:
-                async with asyncio.timeout(timeout_s):
-                    await self._wait()
+            await self._wait(timeout_s)
 
     def reusable(self) -> bool:
         return self.complete and not self.closed and self.keep_alive
@@ -149,6 +156,11 @@ class _Connection(asyncio.Protocol):
     def is_open(self) -> bool:
         """Neither closed by the worker (as far as this loop has seen) nor being closed here."""
         return not self.closed and not self.transport.is_closing()
+
+
+def _time_out(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
 
 
 class UpstreamResponse:

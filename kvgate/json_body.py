@@ -15,6 +15,8 @@ import math
 import re
 from typing import Any, Callable
 
+import orjson
+
 from kvgate.api_error import ApiError
 
 
@@ -78,8 +80,19 @@ def _has_lone_surrogate(value: Any) -> bool:
 def dump_json(value: Any, *, yielding: bool = False) -> bytes:
     """value as compact UTF-8 JSON (ValueError for NaN or Infinity).
 
+    orjson encodes it, ~10x faster; where orjson declines (an integer beyond 64 bits, a key that
+    is not a string) or writes a null (it writes NaN and Infinity as null, so json's encoder then
+    tells), json's encoder does. The two write some floats differently (0.00001 for 1e-05): the
+    same numbers.
+
     yielding: encode long lists (a prompt's token ids, a long conversation) a slice at a time, so
     the interpreter lock can pass to other threads between slices; the bytes are the same."""
+    try:
+        encoded = _dump_sliced(value) if yielding and isinstance(value, dict) else orjson.dumps(value)
+    except TypeError:  # orjson.JSONEncodeError included
+        encoded = None
+    if encoded is not None and b"null" not in encoded:
+        return encoded
     if not yielding or not isinstance(value, dict):
         return _ENCODER.encode(value).encode()
     parts = []
@@ -90,6 +103,20 @@ def dump_json(value: Any, *, yielding: bool = False) -> bytes:
         else:
             parts.append(f"{_ENCODER.encode(key)}:{_ENCODER.encode(item)}")
     return ("{" + ",".join(parts) + "}").encode()
+
+
+def _dump_sliced(value: dict[str, Any]) -> bytes | None:
+    """orjson.dumps(value), its long lists encoded a slice at a time; None for a key that is not a string."""
+    parts = []
+    for key, item in value.items():
+        if type(key) is not str:
+            return None
+        if isinstance(item, list) and len(item) > _SLICE:
+            encoded = b",".join(orjson.dumps(item[i:i + _SLICE])[1:-1] for i in range(0, len(item), _SLICE))
+            parts.append(orjson.dumps(key) + b":[" + encoded + b"]")
+        else:
+            parts.append(orjson.dumps(key) + b":" + orjson.dumps(item))
+    return b"{" + b",".join(parts) + b"}"
 
 
 MAX_OTHER_INTEGERS = 65_536  # a body's integers beside its prompt's token ids (logit_bias, stop_token_ids...)

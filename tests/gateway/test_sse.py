@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.sse import SseEvent, SseParser
+from gateway.sse import SseEvent, SseParser, compact_json, encode_event
 
 TOKEN = {"choices": [{"index": 0, "text": "Hel\u2028lo \u00e9"}]}  # U+2028 is a line break to str.splitlines
 USAGE = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
@@ -99,3 +99,39 @@ def test_an_event_ending_in_cr_at_the_end_of_a_read_is_returned_at_once():
     events = [parser.feed(read) for read in reads]
     assert [[event.data for event in batch] for batch in events] == [["a"], ["b"], ["c"], ["d"]]
     assert b"".join(event.raw for batch in events for event in batch) == b"".join(reads)
+
+
+COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # what the gateway wrote before orjson
+
+
+@pytest.mark.parametrize("payload", [
+    {"id": "c1", "choices": [{"index": 0, "delta": {"content": "Hel\u2028lo \u00e9 \U0001F600 \"q\" \\ \x00\x1f"},
+                              "logprobs": None, "finish_reason": None}], "created": 0},
+    {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
+                              "prompt_tokens_details": {"cached_tokens": 0}}, "flag": True, "neg": -2 ** 63},
+    {"prompt_token_ids": [0, 2 ** 32 - 1], "choices": [{"index": 0, "text": "x", "token_ids": [1, 2]}]},
+], ids=["text", "usage", "token-ids"])
+def test_a_chunk_reads_and_writes_back_as_the_json_module_has_it(payload):
+    raw = b"data: " + COMPACT.encode(payload).encode() + b"\n\n"
+    [event] = SseParser().feed(raw)
+    assert event.payload == json.loads(raw[6:])
+    assert encode_event(event.payload) == raw
+
+
+def test_nan_infinity_and_numbers_beyond_a_float_in_a_chunk_read_and_write_back_as_json_has_them():
+    raw = b'data: {"choices":[{"index":0,"text":"a","logprobs":{"token_logprobs":[NaN,-Infinity,1e999,-0.5]}}]}\n\n'
+    [event] = SseParser().feed(raw)
+    values = event.payload["choices"][0]["logprobs"]["token_logprobs"]
+    assert [repr(v) for v in values] == ["nan", "-inf", "inf", "-0.5"]
+    assert encode_event(event.payload) == b"data: " + COMPACT.encode(json.loads(raw[6:])).encode() + b"\n\n"
+    assert b"NaN,-Infinity,Infinity,-0.5" in encode_event(event.payload)
+
+
+def test_invalid_utf8_in_a_chunk_is_replaced_as_before():
+    [event] = SseParser().feed(b'data: {"choices":[{"index":0,"text":"a\xffb"}]}\n\n')
+    assert event.payload == {"choices": [{"index": 0, "text": "a\ufffdb"}]}
+
+
+def test_what_orjson_cannot_encode_is_encoded_by_the_json_module():
+    value = {"big": 2 ** 70, "keys": {1: "one"}}
+    assert compact_json(value) == COMPACT.encode(value).encode()

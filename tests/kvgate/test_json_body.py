@@ -59,6 +59,23 @@ def test_encoding_refuses_nan():
         dump_json({"x": [float("nan")] * 10_000}, yielding=True)
 
 
+@pytest.mark.parametrize("value", [{"temperature": float("nan")}, {"x": [1.0, float("-inf")], "user": None}],
+                         ids=["nan", "infinity-beside-a-null"])
+@pytest.mark.parametrize("yielding", [False, True], ids=["inline", "yielding"])
+def test_encoding_refuses_nan_and_infinity_however_it_is_encoded(value, yielding):
+    with pytest.raises(ValueError):
+        dump_json(value, yielding=yielding)
+
+
+@pytest.mark.parametrize("extra", [{}, {"user": None}, {"seed": 2 ** 70}], ids=["plain", "a-null", "a-big-integer"])
+@pytest.mark.parametrize("yielding", [False, True], ids=["inline", "yielding"])
+def test_a_body_encodes_to_the_bytes_the_json_module_gives(yielding, extra):
+    """orjson, or the json module where orjson declines or writes a null: the same bytes either way."""
+    body = {**{k: v for k, v in large_body(5_000).items() if v is not None}, "t": 0.25, "s": "n\u00e9 \u2028 \" \x00",
+            **extra}
+    assert dump_json(body, yielding=yielding) == json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
 def longest_loop_stall_s(work) -> float:
     """The longest the event loop went without running while work ran in a thread."""
     async def measure() -> float:
