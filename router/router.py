@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from router.block_keys import PrefixKeyCache, model_seed, pack_tokens_u32le
 from router.kv_index import IndexStats, KvIndex
 from router.load_view import LoadView
+from router.placements import Placements
 from router.policies import build_policy
 from router.rules import RoutingRule, RoutingRules
 from router.subscriber import KvEventSubscriber
@@ -76,6 +77,7 @@ class Router:
         self._index = index or KvIndex(clock=clock)
         self._load = load or LoadView(clock=clock)
         self._key_cache = key_cache if key_cache is not None else PrefixKeyCache()
+        self._placements = Placements()
         self._rules = rules
         self._tokenizers = dict(tokenizers or {})
         self._max_model_lens = dict(max_model_lens or {})
@@ -114,6 +116,7 @@ class Router:
             specs[:] = [s for s in specs if s.worker_id != worker_id]
         self._index.remove_worker(worker_id)
         self._load.remove_worker(worker_id)
+        self._placements.forget_worker(worker_id)
         self._out_of_rotation.discard(worker_id)
         self._candidate_cache.clear()
 
@@ -206,8 +209,11 @@ class Router:
         matches = {size: self._index.match(keys, horizons) for size, keys in keys_by_size.items()}
         views = self._views(specs, matches)
         policy = self._policy(rule)
-        decision = policy.choose(_with_prompt(req, num_prompt_tokens, keys_by_size[specs[0].block_size]), views)
+        placed_keys = keys_by_size[specs[0].block_size]
+        home = self._placements.home(placed_keys)
+        decision = policy.choose(_with_prompt(req, num_prompt_tokens, placed_keys, home), views)
         chosen = decision.worker_id
+        self._placements.record(placed_keys, chosen)
         block_size = self._specs[chosen].block_size
         confirmed, predicted = matches[block_size].get(chosen, _NOTHING_HELD)
         # what the request will find cached: a predicted prefix counts once its request has computed it
@@ -306,10 +312,11 @@ class Router:
 _NOTHING_HELD = (0, 0)
 
 
-def _with_prompt(req: RouteRequest, num_prompt_tokens: int, block_keys: Sequence[int]) -> RouteRequest:
+def _with_prompt(req: RouteRequest, num_prompt_tokens: int, block_keys: Sequence[int],
+                 home_worker: str | None) -> RouteRequest:
     """req with the router's prompt facts (dataclasses.replace costs more than this per decision)."""
     return RouteRequest(req.model, req.messages, req.prompt, req.tools, req.request_id, req.tenant, req.priority,
-                        req.session_id, req.headers, req.path, num_prompt_tokens, block_keys)
+                        req.session_id, req.headers, req.path, num_prompt_tokens, block_keys, home_worker)
 
 
 def _cacheable_tokens(cached_blocks: int, block_size: int, num_prompt_tokens: int) -> int:

@@ -27,7 +27,8 @@ class WorkerSpec:
 
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
-    """What the gateway knows about a request; the router fills num_prompt_tokens and block_keys.
+    """What the gateway knows about a request; the router fills num_prompt_tokens, block_keys and
+    home_worker (where a prompt sharing its prefix was placed last: router/placements.py).
 
     Exactly one of messages (chat) and prompt (completions: text or token ids) is set.
     headers have lower-case names.
@@ -45,6 +46,7 @@ class RouteRequest:
     path: str = "/v1/chat/completions"
     num_prompt_tokens: int | None = None
     block_keys: Sequence[int] = ()
+    home_worker: str | None = None
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):

@@ -18,6 +18,7 @@ class KvAwareParams:
     slack: float = 0.5
     session_slack: float = 1.0
     recompute_weight: float = 1.0
+    home_weight: float = 1.0
     hot_min_requests: int = 8
     pool_prefill_rate: bool = True
     max_requests_per_worker: int | None = None
@@ -34,6 +35,7 @@ class KvAwareParams:
         check_number("slack", self.slack, minimum=0)
         check_number("session_slack", self.session_slack, minimum=0)
         check_number("recompute_weight", self.recompute_weight, minimum=0)
+        check_number("home_weight", self.home_weight, minimum=0)
         check_number("hot_min_requests", self.hot_min_requests, minimum=1, integer=True)
         if not isinstance(self.pool_prefill_rate, bool):
             raise ValueError(f"pool_prefill_rate: must be true or false, got {self.pool_prefill_rate!r}")
@@ -51,6 +53,7 @@ class KvAwareParams:
 class KvAware:
     """score_s = (prefill_tokens_queued + uncached_tokens) / prefill_tokens_per_s
                + recompute_weight * uncached_tokens / prefill_tokens_per_s
+               + home_weight * uncached_tokens / prefill_tokens_per_s   (not the prompt's home)
                + kv_pressure_penalty_s * max(0, kv_usage - threshold) / (1 - threshold)
                + queue_penalty_s * waiting_requests + decode_penalty_s * decode_seqs_running
 
@@ -59,7 +62,11 @@ class KvAware:
     TTFT; the second charges the prefill it adds to the fleet (it delays every later request on
     that worker and duplicates a prefix another worker may hold), so a worker already computing
     or holding the prefix keeps winning until its queue is longer than another's by more than
-    (1 + recompute_weight) times the recompute. Hot-spot guard: a worker with requests + 1 >
+    (1 + recompute_weight) times the recompute. The third keeps a prefix on its home, the worker a
+    prompt sharing it went to last (router/placements.py: remembered after the caches and the
+    index have forgotten it), when the home is a candidate: without it, a prefix evicted everywhere
+    would be placed by load alone, and over time each worker's cache would hold copies of every
+    warm prefix, which a fleet whose caches cannot hold them all pays for in evictions. Hot-spot guard: a worker with requests + 1 >
     max(ceil((1 + slack) * (total + 1) / n), hot_min_requests), or >= max_requests_per_worker
     (the floor keeps a lightly loaded fleet from scattering prefixes), ranks after every other
     worker whatever it holds, so a hot prefix spreads. A conversation is the exception: for a
@@ -111,6 +118,10 @@ class KvAware:
         prompt_tokens = req.num_prompt_tokens or 0
         threshold, kv_scale = p.kv_pressure_threshold, p.kv_pressure_penalty_s / (1 - p.kv_pressure_threshold)
         recompute_weight, predicted_weight = p.recompute_weight, p.predicted_weight
+        home = req.home_worker if p.home_weight else None
+        if home is not None and not any(worker.worker_id == home for worker in workers):
+            home = None  # gone, failed or out of rotation: no candidate is favoured
+        away_weight = recompute_weight + p.home_weight
         queue_penalty_s, decode_penalty_s = p.queue_penalty_s, p.decode_penalty_s
         shared_rate = statistics.median([w.load.prefill_tokens_per_s for w in workers]) if p.pool_prefill_rate else None
         scores: list[float] = []
@@ -118,7 +129,7 @@ class KvAware:
         cached_blocks: list[int] = []
         requests = [worker.load.num_requests for worker in workers]
         add_score, add_ttft, add_cached = scores.append, ttfts.append, cached_blocks.append
-        for _, load, block_size, blocks, predicted in workers:  # WorkerView's fields, unpacked
+        for worker_id, load, block_size, blocks, predicted in workers:  # WorkerView's fields, unpacked
             if predicted:
                 predicted = int(predicted_weight * predicted)
                 if predicted > blocks:
@@ -127,7 +138,7 @@ class KvAware:
             uncached = prompt_tokens - cached_tokens if cached_tokens < prompt_tokens else 0
             rate = shared_rate or load.prefill_tokens_per_s
             ttft = (load.prefill_tokens_queued + uncached) / rate
-            score = ttft + recompute_weight * uncached / rate
+            score = ttft + (away_weight if home is not None and worker_id != home else recompute_weight) * uncached / rate
             usage = load.kv_usage_frac
             if usage is not None and usage > threshold:
                 score += kv_scale * (usage - threshold)

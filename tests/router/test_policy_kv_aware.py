@@ -158,3 +158,17 @@ def test_session_exemption_needs_the_history_to_live_only_on_hot_workers() -> No
     table = [view("a", confirmed=64, requests=10), view("b", confirmed=64, requests=1), view("c", requests=2)]
     decision = KvAware(rng=random.Random(0)).choose(request(PROMPT, session_id="user-1"), table)
     assert decision.worker_id == "b"
+
+
+@pytest.mark.parametrize(
+    ("home", "params", "queued_at_home", "expected_first"),
+    [("b", {}, 800, "b"), ("b", {"home_weight": 0.0}, 800, "a"), ("b", {}, 3000, "a"), ("gone", {}, 800, "a")],
+    ids=["evicted-prefix-goes-home", "no-home-weight-goes-by-load", "a-long-queue-at-home-outweighs-it",
+         "a-home-that-is-no-candidate-is-ignored"],
+)
+def test_a_prefix_cached_nowhere_goes_back_to_its_home(home, params, queued_at_home, expected_first) -> None:
+    """The prefix was evicted everywhere: load alone would pick a; its home b keeps it unless the
+    queue there costs more than moving it (home_weight x its prefill)."""
+    table = [view("a"), view("b", queued=queued_at_home)]
+    decision = KvAware(KvAwareParams(**params), rng=random.Random(0)).choose(request(PROMPT, home_worker=home), table)
+    assert decision.worker_id == expected_first

@@ -237,7 +237,8 @@ def test_with_prompt_copies_every_field_of_the_request() -> None:
 
     values = {f.name: f"value of {f.name}" for f in dataclasses.fields(RouteRequest) if f.name != "messages"}
     req = RouteRequest(**values)  # every field set to something other than its default
-    assert _with_prompt(req, 7, (1, 2)) == dataclasses.replace(req, num_prompt_tokens=7, block_keys=(1, 2))
+    assert _with_prompt(req, 7, (1, 2), "w9") == dataclasses.replace(req, num_prompt_tokens=7, block_keys=(1, 2),
+                                                             home_worker="w9")
 
 
 def test_a_request_beside_one_still_computing_its_prefix_is_not_predicted_a_hit(parts) -> None:
@@ -295,3 +296,19 @@ def test_a_worker_that_says_nothing_of_its_cache_keeps_its_spec(parts) -> None:
     parts.router.worker_cache_config("w1")
     parts.index.apply("w1", [BlockStored([1, 2, 3], None, PROMPT[:48], 16, None, "GPU")])
     assert parts.router.route(RouteRequest(model="m", prompt=PROMPT)).decision.worker_id == "w1"
+
+
+def test_a_prompt_whose_prefix_every_cache_has_forgotten_goes_back_where_it_went_last(parts, clock) -> None:
+    """Its prediction expired and no worker's events hold it (evicted): it returns to its home, though
+    another worker now holds a request (of another prompt) and by load alone would not be picked."""
+    first = parts.router.route(RouteRequest(model="m", prompt=PROMPT))
+    home = first.decision.worker_id
+    first.dispatched(home)
+    first.first_token()
+    first.finished({"prompt_tokens": 64})
+    clock.advance(11.0)  # kv_aware's prediction_ttl_s is 10 s
+    busy = parts.router.route(RouteRequest(model="m", prompt=list(range(500, 520))))
+    busy.dispatched(home)  # another prompt keeps the home busy: one request there, none elsewhere
+    again = parts.router.route(RouteRequest(model="m", prompt=PROMPT + [7]))
+    assert again.decision.predicted_cached_tokens == 0  # nothing cached anywhere any more
+    assert again.decision.worker_id == home
