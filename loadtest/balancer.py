@@ -16,22 +16,28 @@ def nginx_available() -> bool:
     return shutil.which("nginx") is not None
 
 
-def balancer_conf(port: int, upstream_ports: Sequence[int], run_dir: Path) -> str:
-    """nginx.conf: one worker process, no daemon, no access log; requests round-robin over the ports."""
-    if not upstream_ports:
-        raise ValueError("a balancer needs at least one upstream")
-    servers = "\n".join(f"        server 127.0.0.1:{p};" for p in upstream_ports)
+def nginx_head(run_dir: Path, worker_connections: int) -> str:
+    """The start of an nginx.conf for a benchmark's own nginx: one worker process in the foreground,
+    its pid, error log and temp files under run_dir, no access log; it ends inside `http {`."""
     temp_paths = "\n".join(f"    {name}_temp_path {run_dir / name};" for name in
                            ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     return f"""worker_processes 1;
 daemon off;
 pid {run_dir / 'nginx.pid'};
 error_log {run_dir / 'nginx-error.log'} warn;
-events {{ worker_connections 4096; }}
+events {{ worker_connections {worker_connections}; }}
 http {{
     access_log off;
 {temp_paths}
-    upstream gateways {{
+"""
+
+
+def balancer_conf(port: int, upstream_ports: Sequence[int], run_dir: Path) -> str:
+    """nginx.conf: requests round-robin over the ports (see nginx_head for the rest)."""
+    if not upstream_ports:
+        raise ValueError("a balancer needs at least one upstream")
+    servers = "\n".join(f"        server 127.0.0.1:{p};" for p in upstream_ports)
+    return nginx_head(run_dir, 4096) + f"""    upstream gateways {{
 {servers}
         keepalive 64;
     }}

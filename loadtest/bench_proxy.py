@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 import yaml
 
+from loadtest.balancer import nginx_head
 from loadtest.bench_gateway import API_KEY, MODEL, cpu_placement, gateway_config, process_cpu_s
 from loadtest.benchdoc import machine_description, replace_section
 from loadtest.procs import ChildProcess, free_port
@@ -110,18 +111,7 @@ def nginx_conf(port: int, tmp_dir: Path) -> str:
         f"return 200 {_nginx_string(answer_body(kind, name == 'sse'))}; }}"
         for path, kind in (("/v1/chat/completions", "chat"), ("/v1/completions", "completion"))
         for name, media_type in (("json", "application/json"), ("sse", "text/event-stream")))
-    temp_paths = "\n".join(f"    {name}_temp_path {tmp_dir / name};" for name in
-                           ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    return f"""load_module {ECHO_MODULE};
-worker_processes 1;
-daemon off;
-pid {tmp_dir / 'nginx.pid'};
-error_log {tmp_dir / 'nginx-error.log'} warn;
-events {{ worker_connections 8192; }}
-http {{
-    access_log off;
-{temp_paths}
-    keepalive_requests 100000000;
+    return f"load_module {ECHO_MODULE};\n" + nginx_head(tmp_dir, 8192) + f"""    keepalive_requests 100000000;
     keepalive_timeout 300s;
     client_body_buffer_size 64k;
     map $request_body $answer {{ '~"stream"\\s*:\\s*true' sse; default json; }}
