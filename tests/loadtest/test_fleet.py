@@ -8,6 +8,7 @@ import sys
 import pytest
 import yaml
 
+from loadtest.balancer import nginx_available
 from loadtest.driver import DriverConfig
 from loadtest.fleet import FleetConfig, run_fleet
 from loadtest.runner import RunPlan
@@ -130,6 +131,25 @@ def test_error_fault_through_a_proxy_shows_client_errors_then_recovers(tmp_path)
     assert [s["action"] for s in faults["schedule"]] == ["start", "end"]
     recovery_s = faults["faults"][0]["recovery_s"]
     assert recovery_s is not None and recovery_s < 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not nginx_available(), reason="nginx is not installed (apt-get install -y nginx-light)")
+def test_gateway_replicas_serve_behind_a_round_robin_balancer(tmp_path):
+    """--gateway-replicas 2: two gateways (the stand-in), each with its own config, behind nginx; every
+    request is answered through the balancer."""
+    _, specs = build_workload("multi_tenant_long_prefix", 0, {"num_requests": "8", "prefix_tokens": "50",
+                                                               "output_tokens": "2"})
+    config = FleetConfig(work_dir=tmp_path, num_workers=1, policies=("kv_aware",), gateway_replicas=(2,),
+                         gateway_command=FAKE_GATEWAY, health_timeout_s=60)
+    plan = RunPlan(name="", driver=DriverConfig(base_url="", model="", concurrency=1, progress=False))
+    (result,) = run_fleet(config, specs, plan)
+
+    assert result["name"] == "kv_aware-x2" and result["config"]["fleet"]["gateway_replicas"] == 2
+    assert result["summary"]["num_ok"] == 8, result["summary"]["errors"]
+    assert sorted(p.name for p in (tmp_path / "kv_aware-x2").glob("gateway-*.yaml")) == [
+        "gateway-0-kv_aware.yaml", "gateway-1-kv_aware.yaml"]
+    assert (tmp_path / "kv_aware-x2" / "balancer" / "nginx.conf").exists()
 
 
 @pytest.mark.slow
