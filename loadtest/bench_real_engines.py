@@ -269,9 +269,10 @@ def render(runs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
 
 
 def _shown(path: Path) -> str:
-    """path relative to the repository where it lies inside it."""
+    """path relative to the repository where it lies inside it (results/ may be a link elsewhere)."""
+    absolute = path if path.is_absolute() else Path.cwd() / path
     try:
-        return str(path.resolve().relative_to(ROOT))
+        return str(absolute.relative_to(ROOT))
     except ValueError:
         return str(path)
 
@@ -303,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.doc_only:
         saved = json.loads((out_dir / "runs.json").read_text())
         write_plot(saved["runs"], PLOT)
-        replace_section(SECTION, render(saved["runs"], saved["meta"]))
+        replace_section(SECTION, render(saved["runs"], {**saved["meta"], "out": _shown(out_dir)}))
         return 0
     names = [name.strip() for name in args.routers.split(",") if name.strip()]
     unknown = [name for name in names if name not in ROUTERS]
