@@ -25,7 +25,7 @@ from loadtest.balancer import APT_INSTALL, balancer_argv, balancer_conf, nginx_a
 from loadtest.engines import ENGINES, EXECUTORS, KVGATE_WORKER, Engine, resolve_engine, worker_cpu, worker_launch
 from loadtest.external_router import ExternalCommand
 from loadtest.faults import FaultActions, FaultSpec, set_proxy_fault, shutdown_redis
-from loadtest.procs import ChildProcess, Started, free_port
+from loadtest.procs import ChildProcess, Started, free_port, port_is_free
 from loadtest.router_metrics import router_stats
 from loadtest.runner import RunPlan, execute
 from loadtest.types import RequestSpec
@@ -72,7 +72,15 @@ class FleetConfig:
                 raise ValueError(f"fault target {fault.target!r} is not one of {', '.join(names)}")
 
     def port(self, offset: int) -> int | None:
-        return None if self.base_port is None else self.base_port + offset
+        """The fixed port at base_port + offset (None without --base-port); RuntimeError if something
+        listens there already: a leftover server would answer the run's health checks and requests."""
+        if self.base_port is None:
+            return None
+        port = self.base_port + offset
+        if not port_is_free(port):
+            raise RuntimeError(f"port {port} (--base-port {self.base_port} + {offset}) is in use: "
+                               "is a process of an earlier run still there?")
+        return port
 
     def targets(self) -> list[Target]:
         """One run each, in this order: the policies, the routers at a URL, the routers the run starts."""

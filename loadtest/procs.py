@@ -125,13 +125,16 @@ def free_port(pair: bool = False) -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if not pair or _is_free(replay_port(port)):
+        if not pair or port_is_free(replay_port(port)):
             return port
     raise RuntimeError("no free port pair found")
 
 
-def _is_free(port: int) -> bool:
+def port_is_free(port: int) -> bool:
+    """Nothing listens on 127.0.0.1:port: a bind there succeeds with SO_REUSEADDR, as the servers
+    themselves bind (connections of an earlier run still in TIME_WAIT do not count)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

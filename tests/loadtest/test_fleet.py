@@ -173,3 +173,16 @@ def test_fleet_on_the_bundled_torch_worker_routes_by_its_kv_events(tmp_path):
     assert summary["prefix_hit_rate"] > 0.5  # each tenant's prefix is served from cache after its first request
     assert result["router"]["predicted_cached_tokens"] > 0
     assert sum(result["router"]["index_blocks"].values()) > 0  # the workers' KV events reached the gateway
+
+
+def test_a_fixed_port_something_already_listens_on_is_refused(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = FleetConfig(work_dir=tmp_path, num_workers=1, base_port=port - 4)
+        with pytest.raises(RuntimeError, match=f"port {port} .* is in use"):
+            config.port(4)
+    assert FleetConfig(work_dir=tmp_path, num_workers=1).port(4) is None  # no --base-port: none fixed
