@@ -85,6 +85,13 @@ class Workload:
                 "--max-concurrency", str(self.concurrency), "--ignore-eos"]
 
 
+def best_hit_rate(workload: dict[str, int]) -> float:
+    """Each prefix computed once, every later prompt finding it: the oracle's share of prompt tokens."""
+    prompts, prefixes = workload["num_prompts"], workload["num_prefixes"]
+    prompt_len = workload["prefix_len"] + workload["suffix_len"]
+    return (prompts - prefixes) * workload["prefix_len"] / (prompts * prompt_len)
+
+
 def round_orders(routers: Sequence[str], rounds: int) -> list[list[str]]:
     """The routers' order in each round: as given, then mirrored, alternating."""
     return [list(routers) if r % 2 == 0 else list(reversed(routers)) for r in range(rounds)]
@@ -240,7 +247,8 @@ def render(runs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"{workload['suffix_len']}, {workload['output_len']} output tokens, {workload['num_prompts']} prompts, "
         f"concurrency {workload['concurrency']}), on the same 2 cores as the workers and the router. "
         f"{meta['rounds']} rounds, the routers' order mirrored each round, one seed per round for all routers. "
-        "Hit rate = the workers' own count (vllm:prefix_cache_hits / queries over the run).",
+        "Hit rate = the workers' own count (vllm:prefix_cache_hits / queries over the run); "
+        f"the best any router can reach here, each prefix computed once: {_pct(best_hit_rate(workload))}.",
         "",
         "| round | router | seed | req/s | TTFT mean / p50 / p99 ms | TPOT mean ms | E2E mean ms | hit rate | "
         "prediction ratio | failed |",

@@ -44,6 +44,7 @@ def test_the_section_names_its_command_workload_and_verdicts():
     assert "16 prefixes x 512 tokens + 64, 16 output tokens, 192 prompts, concurrency 4" in text
     assert "| 0.67x | >= 1.05x | FAIL |" in text and "| 0.990 | >= 0.97 | pass |" in text
     assert "| 1 | kvgate kv_aware | 0 | 2.00 | 400 / 200 / 1600 |" in text
+    assert "each prefix computed once: 81.5%" in text  # (192 - 16) x 512 / (192 x 576)
 
 
 def test_the_results_folder_is_named_from_the_repository_even_through_a_link():
