@@ -418,11 +418,19 @@ def child(argv: list[str], port: int, path: str, log_dir: Path, env: dict | None
         log.close()
 
 
-def gateway_config(gateway_port: int, worker_port: int) -> dict[str, Any]:
+# Admission out of the way: this benchmark measures what the gateway adds and holds (1,000 streams at once),
+# not what its admission control would shed in front of one worker (by default it queues 256 and sheds the rest)
+WIDE_ADMISSION = {"max_concurrency": 2000, "initial_concurrency": 2000, "queue_size": 2000}
+
+
+def gateway_config(gateway_port: int, worker_port: int, admission: dict[str, Any] | None = None) -> dict[str, Any]:
+    pool: dict[str, Any] = {"model": MODEL, "tokenizer": None, "policy": {"type": "kv_aware"},
+                            "workers": [{"name": "w0", "url": f"http://127.0.0.1:{worker_port}", "block_size": 16}]}
+    if admission is not None:
+        pool["admission"] = admission
     return {
         "gateway": {"host": "127.0.0.1", "port": gateway_port},
-        "pools": {"default": {"model": MODEL, "tokenizer": None, "policy": {"type": "kv_aware"},
-                              "workers": [{"name": "w0", "url": f"http://127.0.0.1:{worker_port}", "block_size": 16}]}},
+        "pools": {"default": pool},
         "upstream": {"first_byte_timeout_s": 30.0, "idle_timeout_s": 30.0},
     }
 
@@ -577,7 +585,7 @@ Machine: {result['machine']} (shared with other work; figures from one run)
 Date: {result['date']}
 
 A fake worker that answers at once (raw ASGI on uvicorn) behind the real gateway (`python -m kvgate gateway`,
-one uvicorn process, `tokenizer: null`, kv_aware policy); the load generator is a separate process (raw HTTP/1.1
+one uvicorn process, `tokenizer: null`, kv_aware policy, admission limits wide enough for 1,000 streams: they are not what is measured); the load generator is a separate process (raw HTTP/1.1
 on asyncio + uvloop). "Added" = through the gateway minus straight to the fake worker, same requests, same rate.
 Placement: the gateway runs on CPU {result['cpus']['gateway']}, the fake worker and the load generator on CPUs
 {result['cpus']['worker_and_load_generator']} (in both the gateway and the direct runs), as a proxy process would
@@ -636,7 +644,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp, ExitStack() as stack:
         tmp_dir = Path(tmp)
         config_path = tmp_dir / "gateway.yaml"
-        config_path.write_text(yaml.safe_dump(gateway_config(gateway_port, worker_port)))
+        config_path.write_text(yaml.safe_dump(gateway_config(gateway_port, worker_port, WIDE_ADMISSION)))
         gateway_cpus, other_cpus = cpu_placement()
         worker = stack.enter_context(child([sys.executable, "-m", "loadtest.bench_gateway", "--fake-worker", str(worker_port)],
                                   worker_port, "/health", tmp_dir, cpus=other_cpus))
