@@ -111,7 +111,8 @@ def reset_prefix_caches(worker_urls: Sequence[str]) -> None:
     for url in worker_urls:
         response = httpx.post(f"{url}/reset_prefix_cache", timeout=30.0)
         if response.status_code != 200:
-            raise RuntimeError(f"{url}/reset_prefix_cache answered {response.status_code}: is VLLM_SERVER_DEV_MODE set?")
+            raise RuntimeError(f"{url}/reset_prefix_cache answered {response.status_code}: "
+                               "is VLLM_SERVER_DEV_MODE set?")
 
 
 def sglang_command(policy: str) -> ExternalCommand:
@@ -261,8 +262,8 @@ def render(runs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
                      f"{r['mean_ttft_ms']:.0f} / {r['median_ttft_ms']:.0f} / {r['p99_ttft_ms']:.0f} | "
                      f"{r['mean_tpot_ms']:.1f} | {r['mean_e2el_ms']:.0f} | {_pct(r['prefix_hit_rate'])} | "
                      f"{'-' if ratio is None else f'{ratio:.3f}'} | {r['failed']} |")
-    lines += ["", "Means over the rounds:", "", "| router | req/s | TTFT mean / p50 / p99 ms | E2E mean ms | hit rate |",
-              "|---|---|---|---|---|"]
+    lines += ["", "Means over the rounds:", "",
+              "| router | req/s | TTFT mean / p50 / p99 ms | E2E mean ms | hit rate |", "|---|---|---|---|---|"]
     for name, s in summary.items():
         lines.append(f"| {name} | {s['request_throughput']:.2f} | {s['mean_ttft_ms']:.0f} / {s['median_ttft_ms']:.0f}"
                      f" / {s['p99_ttft_ms']:.0f} | {s['mean_e2el_ms']:.0f} | {_pct(s['prefix_hit_rate'])} |")

@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="extra worker argument (repeatable; vLLM's own with --engine vllm), e.g. "
                             "--worker-arg=--sim-timing=...")
     fleet.add_argument("--gateway-replicas", default="1", metavar="N[,N...]",
-                       help="run each policy with N gateway replicas behind a round-robin nginx, for each N (default: 1)")
+                       help="run each policy with N gateway replicas behind a round-robin nginx, for each N "
+                       "(default: 1)")
     fleet.add_argument("--base-port", type=int, help="fixed ports from here (see loadtest/fleet.py)")
     fleet.add_argument("--gateway-command", default=None, help="gateway command (default: python -m kvgate gateway)")
     fleet.add_argument("--bench-doc", metavar="NAME", help="also write section NAME of --doc from the results")

@@ -66,9 +66,9 @@ class KvAware:
     prompt sharing it went to last (router/placements.py: remembered after the caches and the
     index have forgotten it), when the home is a candidate: without it, a prefix evicted everywhere
     would be placed by load alone, and over time each worker's cache would hold copies of every
-    warm prefix, which a fleet whose caches cannot hold them all pays for in evictions. Hot-spot guard: a worker with requests + 1 >
-    max(ceil((1 + slack) * (total + 1) / n), hot_min_requests), or >= max_requests_per_worker
-    (the floor keeps a lightly loaded fleet from scattering prefixes), ranks after every other
+    warm prefix, which a fleet whose caches cannot hold them all pays for in evictions.
+    Hot-spot guard: a worker with requests + 1 > max(ceil((1 + slack) * (total + 1) / n),
+    hot_min_requests), or >= max_requests_per_worker (the floor keeps a lightly loaded fleet from scattering prefixes), ranks after every other
     worker whatever it holds, so a hot prefix spreads. A conversation is the exception: for a
     request with a session id, a hot worker holding more of its prompt than every worker under the
     bound (its history lives only there) is held to the wider bound of session_slack instead, since
@@ -138,7 +138,8 @@ class KvAware:
             uncached = prompt_tokens - cached_tokens if cached_tokens < prompt_tokens else 0
             rate = shared_rate or load.prefill_tokens_per_s
             ttft = (load.prefill_tokens_queued + uncached) / rate
-            score = ttft + (away_weight if home is not None and worker_id != home else recompute_weight) * uncached / rate
+            away = home is not None and worker_id != home
+            score = ttft + (away_weight if away else recompute_weight) * uncached / rate
             usage = load.kv_usage_frac
             if usage is not None and usage > threshold:
                 score += kv_scale * (usage - threshold)
