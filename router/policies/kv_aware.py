@@ -69,8 +69,8 @@ class KvAware:
     warm prefix, which a fleet whose caches cannot hold them all pays for in evictions.
     Hot-spot guard: a worker with requests + 1 > max(ceil((1 + slack) * (total + 1) / n),
     hot_min_requests), or >= max_requests_per_worker (the floor keeps a lightly loaded fleet from
-    scattering prefixes), ranks after every other worker whatever it holds, so a hot prefix spreads. A conversation is the exception: for a
-    request with a session id, a hot worker holding more of its prompt than every worker under the
+    scattering prefixes), ranks after every other worker whatever it holds, so a hot prefix
+    spreads. A conversation is the exception: for a request with a session id, a hot worker holding more of its prompt than every worker under the
     bound (its history lives only there) is held to the wider bound of session_slack instead, since
     moving it would recompute the whole history elsewhere and move the load rather than spread a
     shared prefix; its queue still counts in the score. Among workers within tie_tolerance_s of the
