@@ -69,12 +69,13 @@ class KvAware:
     warm prefix, which a fleet whose caches cannot hold them all pays for in evictions.
     Hot-spot guard: a worker with requests + 1 > max(ceil((1 + slack) * (total + 1) / n),
     hot_min_requests), or >= max_requests_per_worker (the floor keeps a lightly loaded fleet from
-    scattering prefixes), ranks after every other worker whatever it holds, so a hot prefix
-    spreads. A conversation is the exception: for a request with a session id, a hot worker holding more of its prompt than every worker under the
-    bound (its history lives only there) is held to the wider bound of session_slack instead, since
-    moving it would recompute the whole history elsewhere and move the load rather than spread a
-    shared prefix; its queue still counts in the score. Among workers within tie_tolerance_s of the
-    best score, two are sampled and the less loaded wins (power of two).
+    scattering prefixes), ranks after every other worker whatever it holds, so a hot prefix spreads.
+    A conversation is the exception: for a request with a session id, a hot worker holding more of
+    its prompt than every worker under the bound (its history lives only there) is held to the wider
+    bound of session_slack instead, since moving it would recompute the whole history elsewhere and
+    move the load rather than spread a shared prefix; its queue still counts in the score. Among
+    workers within tie_tolerance_s of the best score, two are sampled and the less loaded wins
+    (power of two).
 
     prefill_tokens_per_s is each worker's measured rate, or with pool_prefill_rate (default) the
     median over the candidates: one noisy sample then can't make a worker of an identical pool look
