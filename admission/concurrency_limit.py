@@ -54,6 +54,13 @@ class AimdLimit:
         self._dropped = False
         self._last_cut_s: float | None = None
 
+    def resize(self, config: LimitConfig) -> None:
+        """New bounds (a pool's workers joined or left): the limit keeps its place between them, scaled
+        by the ratio of the new max_limit to the old."""
+        scaled = self.limit * config.max_limit / self.config.max_limit
+        self.config = config
+        self.limit = min(float(config.max_limit), max(float(config.min_limit), scaled))
+
     def on_sample(self, now_s: float, queue_delay_s: float | None, in_flight: int, dropped: bool = False,
                   admitted_s: float | None = None) -> None:
         """One request's outcome: its queueing delay at the worker (None when it never got a first

@@ -24,6 +24,8 @@ Pure logic: the gateway holds the waiting clients and calls expire() a few times
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import time
 from collections.abc import Callable
@@ -89,6 +91,16 @@ class PoolAdmission:
         self.mean_service_s: float | None = None  # EWMA of admission to release
         self.mean_first_token_s: float | None = None  # EWMA of admission to first token
         self._clock = clock
+
+    def set_max_limit(self, max_limit: int) -> None:
+        """What the pool's workers can run changed (workers joined or left): the limit's new ceiling."""
+        bounds = self.config.limit
+        if max_limit == bounds.max_limit:
+            return
+        bounds = dataclasses.replace(bounds, max_limit=max_limit, min_limit=min(bounds.min_limit, max_limit),
+                                     initial_limit=None)
+        self.config = dataclasses.replace(self.config, limit=bounds)
+        self.limit.resize(bounds)
 
     def state(self) -> PoolState:
         return PoolState(self.limit.limit, self.in_flight, {p: self.queue.depth(p) for p in Priority})

@@ -2,14 +2,15 @@
 
 A sick fleet then sees at most (1 + ratio) x the offered load instead of a retry storm
 (the same idea as Finagle's RetryBudget and gRPC's retry throttling). Counts live in a sliding
-window of one-second buckets; time is injected.
+window of one-second buckets (RetryWindow); time is injected. admission/shared_retry_budget.py
+holds one budget across gateway replicas with the same arithmetic.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 
@@ -27,6 +28,41 @@ class RetryBudgetConfig:
         if self.window_s < 1:
             raise ValueError("retry_budget.window_s must be >= 1")
 
+    def allowed_retries(self, requests: float) -> float:
+        """Retries a window holding `requests` first attempts allows: ratio x requests + the floor over the window."""
+        return self.ratio * requests + self.min_retries_per_s * self.window_s
+
+    def floor_scaled(self, share: float) -> RetryBudgetConfig:
+        """The same budget with its floor times share (one replica's part of a fleet's floor)."""
+        return replace(self, min_retries_per_s=self.min_retries_per_s * share)
+
+
+class RetryWindow:
+    """Requests and retries counted per second over the last window_s seconds of the clock."""
+
+    def __init__(self, window_s: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self._window_s = window_s
+        self._clock = clock
+        self._buckets: deque[list[int]] = deque()  # [second, requests, retries], oldest first
+
+    def add(self, requests: int = 0, retries: int = 0) -> None:
+        bucket = self._current()
+        bucket[1] += requests
+        bucket[2] += retries
+
+    def totals(self) -> tuple[int, int]:
+        """(requests, retries) in the window."""
+        self._current()
+        return sum(b[1] for b in self._buckets), sum(b[2] for b in self._buckets)
+
+    def _current(self) -> list[int]:
+        now = int(self._clock())
+        while self._buckets and self._buckets[0][0] <= now - self._window_s:
+            self._buckets.popleft()
+        if not self._buckets or self._buckets[-1][0] != now:
+            self._buckets.append([now, 0, 0])
+        return self._buckets[-1]
+
 
 class RetryBudget:
     """`record_request()` for every first attempt; `try_spend()` before every retry."""
@@ -34,29 +70,21 @@ class RetryBudget:
     def __init__(self, config: RetryBudgetConfig = RetryBudgetConfig(),
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
-        self._clock = clock
-        self._buckets: deque[list[int]] = deque()  # [second, requests, retries]
+        self._window = RetryWindow(config.window_s, clock)
         self.refused = 0
 
-    def _current(self) -> list[int]:
-        now = int(self._clock())
-        while self._buckets and self._buckets[0][0] <= now - self.config.window_s:
-            self._buckets.popleft()
-        if not self._buckets or self._buckets[-1][0] != now:
-            self._buckets.append([now, 0, 0])
-        return self._buckets[-1]
-
     def record_request(self) -> None:
-        self._current()[1] += 1
+        self._window.add(requests=1)
 
     def try_spend(self) -> bool:
         """Take one retry from the budget; False (and counted as refused) when it is spent."""
-        bucket = self._current()
-        requests = sum(b[1] for b in self._buckets)
-        retries = sum(b[2] for b in self._buckets)
-        allowed = self.config.ratio * requests + self.config.min_retries_per_s * self.config.window_s
-        if retries + 1 > allowed:
+        requests, retries = self._window.totals()
+        if retries + 1 > self.config.allowed_retries(requests):
             self.refused += 1
             return False
-        bucket[2] += 1
+        self._window.add(retries=1)
         return True
+
+    def record_retry(self) -> None:
+        """A retry another budget granted (a shared one): it counts in this window without a check."""
+        self._window.add(retries=1)

@@ -7,27 +7,35 @@ OpenAI-style error naming the reason, and no worker sees the request. The permit
 work: its priority (the tenant's class, or lower if the client asked), its deadline, the pool's
 retry budget (retries and failovers spend it), and it ends once, giving the pool's slot back with
 the request's latency sample and settling the tenant's tokens with the usage reported.
+With Redis, each pool's retry budget is one budget for every replica (admission/shared_retry_budget.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis.asyncio
+
 from admission.concurrency_limit import LimitConfig
 from admission.fair_queue import QueuedRequest
 from admission.pool_admission import PoolAdmission, PoolAdmissionSettings
 from admission.priority import Priority, admitted_priority
 from admission.retry_budget import RetryBudget, RetryBudgetConfig
+from admission.shared_retry_budget import RedisRetryCounts, SharedRetryBudget
 from admission.tenants import OverLimit, TenantGrant, TenantLimits, TenantPolicy
 from admission.token_bucket import TokenBuckets
 from gateway.metrics import GatewayMetrics
 from kvgate.api_error import ApiError
 from kvgate.config import KvgateConfig, PoolConfig
+
+log = logging.getLogger("kvgate.gateway")
 
 EXPIRY_TICK_S = 0.01  # how often queued requests are checked for their deadline and allowed wait
 
@@ -118,7 +126,7 @@ class Admission:
     tenants: dict[str, TenantPolicy]
     pools: Mapping[str, PoolAdmission]
     limits: TenantLimits
-    budgets: Mapping[str, RetryBudget]
+    budgets: Mapping[str, RetryBudget | SharedRetryBudget]
     metrics: GatewayMetrics
     completion_reserve: Mapping[str, int]
     clock: Callable[[], float] = time.monotonic
@@ -201,6 +209,23 @@ class Admission:
                         self._refuse_waiting(queued, reason, pool)
                 await asyncio.sleep(EXPIRY_TICK_S)
 
+    async def start_budget_sync(self) -> None:
+        """Start syncing the retry budgets shared through Redis (budgets of this process alone have none)."""
+        for budget in self.budgets.values():
+            if isinstance(budget, SharedRetryBudget):
+                await budget.start()
+
+    def budgets_shared(self) -> bool:
+        """Whether every pool's retry budget is shared through Redis now (False: some replica's
+        budget is local; always False without Redis)."""
+        return all(isinstance(b, SharedRetryBudget) and b.state == "redis" for b in self.budgets.values())
+
+    async def stop_budget_sync(self) -> None:
+        """Stop those syncs (at shutdown, before the Redis client closes)."""
+        for budget in self.budgets.values():
+            if isinstance(budget, SharedRetryBudget):
+                await budget.aclose()
+
     def _admit(self, pool: PoolAdmission, admitted: list[QueuedRequest]) -> None:
         """Wake the clients of requests the pool admitted; one that left already gives its slot on."""
         for queued in admitted:
@@ -225,25 +250,54 @@ DEFAULT_WORKER_CONCURRENCY = 64  # a worker without a launch section: vLLM's def
 
 
 def admission_from_config(config: KvgateConfig, metrics: GatewayMetrics, buckets: TokenBuckets,
-                          clock: Callable[[], float] = time.monotonic) -> Admission:
+                          clock: Callable[[], float] = time.monotonic,
+                          redis_client: redis.asyncio.Redis | None = None) -> Admission:
     """Every pool's admission (its ceiling: what its workers run, unless configured) and every
-    configured tenant's policy; the retry budgets of upstream.retry_budget_*."""
+    configured tenant's policy; the retry budgets of upstream.retry_budget_*, shared by the
+    config.redis.replicas gateways through redis_client when one is given (start_budget_sync())."""
     pools = {name: PoolAdmission(_pool_admission_settings(pool), clock) for name, pool in config.pools.items()}
     tenants = {name: TenantPolicy(name, Priority.parse(t.priority), t.weight, t.requests_per_s, t.requests_burst,
                                   t.tokens_per_min, t.tokens_burst, t.max_concurrency, t.deadline_ms)
                for name, t in config.tenants.items()}
-    up = config.upstream
-    budget = RetryBudgetConfig(ratio=up.retry_budget_ratio, min_retries_per_s=up.retry_budget_min_per_s)
     return Admission(tenants=tenants, pools=pools, limits=TenantLimits(buckets, config.redis.replicas),
-                     budgets={name: RetryBudget(budget, clock) for name in config.pools}, metrics=metrics,
+                     budgets=_retry_budgets(config, metrics, clock, redis_client), metrics=metrics,
                      completion_reserve={name: p.admission.default_completion_tokens
                                          for name, p in config.pools.items()}, clock=clock)
 
 
+def _retry_budgets(config: KvgateConfig, metrics: GatewayMetrics, clock: Callable[[], float],
+                   redis_client: redis.asyncio.Redis | None) -> dict[str, RetryBudget | SharedRetryBudget]:
+    up = config.upstream
+    budget = RetryBudgetConfig(ratio=up.retry_budget_ratio, min_retries_per_s=up.retry_budget_min_per_s)
+    if redis_client is None:
+        return {name: RetryBudget(budget, clock) for name in config.pools}
+    shared = {name: SharedRetryBudget(RedisRetryCounts(redis_client, name, budget.window_s), budget,
+                                      config.redis.replicas, clock,
+                                      on_change=functools.partial(_log_budget_state, name))
+              for name in config.pools}
+    return shared
+
+
+def _log_budget_state(pool: str, state: str) -> None:
+    if state == "redis":
+        log.info("pool %s: retry budget shared through Redis", pool)
+    else:
+        log.warning("pool %s: Redis unreachable: retry budget enforced locally, this replica's share, "
+                    "until it answers", pool)
+
+
+def pool_concurrency_ceiling(pool: PoolConfig, registered_workers: int = 0) -> int:
+    """The most requests a pool's workers run at once: its max_concurrency, else the sum over its
+    configured and registered workers (a pool with none yet counts one, the limit's starting scale)."""
+    if pool.admission.max_concurrency is not None:
+        return pool.admission.max_concurrency
+    ceiling = sum(w.launch.max_num_seqs if w.launch else DEFAULT_WORKER_CONCURRENCY for w in pool.workers)
+    return ceiling + registered_workers * DEFAULT_WORKER_CONCURRENCY or DEFAULT_WORKER_CONCURRENCY
+
+
 def _pool_admission_settings(pool: PoolConfig) -> PoolAdmissionSettings:
     knobs = pool.admission
-    ceiling = knobs.max_concurrency or sum(w.launch.max_num_seqs if w.launch else DEFAULT_WORKER_CONCURRENCY
-                                           for w in pool.workers)
+    ceiling = pool_concurrency_ceiling(pool)
     minimum = min(knobs.min_concurrency, ceiling)
     initial = None if knobs.initial_concurrency is None else min(max(knobs.initial_concurrency, minimum), ceiling)
     limit = LimitConfig(max_limit=ceiling, min_limit=minimum, initial_limit=initial,

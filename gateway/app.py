@@ -68,7 +68,7 @@ def build_app(core: GatewayCore, keys: KeyStore | None = None, *, freeze_gc: boo
     keys = keys or core.keys
     completions = completion_endpoints(core)
     service = ServiceEndpoints(models=core.models, created=core.started_at, fleet=core.fleet, metrics=core.metrics,
-                               redis_ok=core.redis_ok, limits_shared=core.limits_shared)
+                               redis_ok=core.redis_ok, shared_state=core.shared_state)
     routes = [
         *(Route(path, endpoint, methods=["POST"]) for path, endpoint in completions.items()),
         Route("/v1/models", service.models, methods=["GET"]),

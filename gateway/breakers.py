@@ -46,6 +46,7 @@ class WorkerBreaker:
         self._breaker = pybreaker.CircuitBreaker(fail_max=fail_max, reset_timeout=reset_timeout_s, name=worker_id,
                                                  listeners=listeners, throw_new_error_on_trip=False)
         self._trial_in_flight = False
+        self.applying_peer_state = False  # set while follow_peer changes the state (not to be told back)
 
     @property
     def state(self) -> str:
@@ -80,6 +81,21 @@ class WorkerBreaker:
             self._breaker.call(_succeed)
         except pybreaker.CircuitBreakerError:
             pass  # still open: a success from an attempt begun before it opened
+
+    def follow_peer(self, state: str) -> None:
+        """Another replica's breaker for this worker opened or closed: take the same state. An open one
+        waits reset_timeout_s from now before its own half-open trial."""
+        if state not in (OPEN, CLOSED) or (state == CLOSED and self.state == CLOSED):
+            return
+        self.applying_peer_state = True
+        try:
+            if state == OPEN:
+                self._breaker.open()
+            else:
+                self._breaker.close()
+        finally:
+            self.applying_peer_state = False
+            self._trial_in_flight = False
 
     def record_failure(self) -> None:
         self._trial_in_flight = False

@@ -1,10 +1,12 @@
-"""`kvgate gateway`: build the app from a config and serve it with uvicorn."""
+"""`kvgate gateway`: build the app from a config and serve it with uvicorn (one process; `--workers N`
+hands over to gateway/multiprocess.py)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,32 +22,53 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def serve(config: KvgateConfig, tokenizer_dirs: Mapping[str, Path], host: str, port: int) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
+    configure_logging("gateway")
     core = GatewayCore(config, tokenizer_dirs)
+    prepare_process(core)
+    server = AnnouncingServer(server_config(build_app(core, freeze_gc=True), host, port),
+                              f"gateway listening on http://{host}:{port} (pools: {', '.join(config.pools)})")
+    return run_server(server)
+
+
+def configure_logging(source: str) -> None:
+    """Log lines name their source (`gateway`, or `gateway[PID]` for one of several processes)."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {source} %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
+
+
+def prepare_process(core: GatewayCore) -> None:
+    """The interpreter's switch interval, and SIGHUP to reload the routing policies."""
     # While the offload thread works on a large request (kvgate/offload.py), the event loop waits up
     # to this long for the interpreter lock at each wake-up (Python's default is 5 ms)
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     # reload the policy file; without one, a stray SIGHUP (a closed terminal, a reload sent out of
     # habit) is logged, it must not kill the gateway
     signal.signal(signal.SIGHUP, lambda signum, frame: core.reload_policies())
-    # Keep idle client connections longer than the usual load-balancer idle timeout (60 s), so
-    # a balancer never reuses a connection the gateway has just closed. No per-request access log
-    # (the metrics count requests) and no X-Forwarded-* rewriting (nothing reads the client address):
-    # both cost CPU on every request.
-    server_config = uvicorn.Config(build_app(core, freeze_gc=True), host=host, port=port, log_level="warning",
-                                   timeout_graceful_shutdown=5, loop="uvloop", http="httptools", backlog=4096,
-                                   timeout_keep_alive=75, access_log=False, proxy_headers=False)
-    server = _AnnouncingServer(server_config, f"gateway listening on http://{host}:{port} "
-                                              f"(pools: {', '.join(config.pools)})")
+
+
+def server_config(app, host: str, port: int) -> uvicorn.Config:
+    """uvicorn's settings for the gateway.
+
+    Keep idle client connections longer than the usual load-balancer idle timeout (60 s), so a
+    balancer never reuses a connection the gateway has just closed. No per-request access log (the
+    metrics count requests) and no X-Forwarded-* rewriting (nothing reads the client address): both
+    cost CPU on every request.
+    """
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5,
+                          loop="uvloop", http="httptools", backlog=4096, timeout_keep_alive=75, access_log=False,
+                          proxy_headers=False)
+
+
+def run_server(server: uvicorn.Server, sockets: list[socket.socket] | None = None) -> int:
+    """Serve until stopped: 0 after a clean stop, STARTUP_FAILURE when it never started."""
     try:
-        server.run()
+        server.run(sockets)
     except KeyboardInterrupt:
         pass
     return 0 if server.started else STARTUP_FAILURE
 
 
-class _AnnouncingServer(uvicorn.Server):
+class AnnouncingServer(uvicorn.Server):
     """Logs that the gateway listens once the socket is bound (not before: a taken port fails there)."""
 
     def __init__(self, config: uvicorn.Config, announcement: str) -> None:
@@ -61,4 +84,14 @@ class _AnnouncingServer(uvicorn.Server):
 def run(args: argparse.Namespace, config: KvgateConfig, tokenizer_dirs: Mapping[str, Path]) -> int:
     host = args.host or config.gateway.host
     port = args.port if args.port is not None else config.gateway.port
+    workers = getattr(args, "workers", 1)
+    process_index = getattr(args, "process_index", None)
+    if process_index is not None:  # one of the processes a `--workers N` parent started
+        from gateway.multiprocess import ProcessSlot, serve_process
+
+        return serve_process(config, tokenizer_dirs, host, port, ProcessSlot(process_index, workers, args.run_dir))
+    if workers > 1:
+        from gateway.multiprocess import supervise
+
+        return supervise(args.config, config, host, port, workers)
     return serve(config, tokenizer_dirs, host, port)

@@ -21,10 +21,12 @@ import httpx
 
 from admission.redis_buckets import RedisBuckets, SharedBuckets
 from admission.token_bucket import LocalBuckets
-from gateway.admission import admission_from_config
+from gateway.admission import admission_from_config, pool_concurrency_ceiling
 from gateway.auth import KeyStore
 from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
+from gateway.peers import PeerLink
+from gateway.registry_watch import RegistryWatcher
 from gateway.routing_config import PolicyFileWatcher, prompt_token_limits, routing_rules, tenant_cache_salts
 from gateway.upstream_http import KEEPALIVE_EXPIRY_S, UpstreamClient
 from kvgate.config import KvgateConfig
@@ -65,7 +67,7 @@ class GatewayCore:
         # Redis is unreachable)
         self.buckets = LocalBuckets() if self.redis is None else SharedBuckets(
             RedisBuckets(self.redis), config.redis.replicas, on_change=_log_limits_state)
-        self.admission = admission_from_config(config, self.metrics, self.buckets)
+        self.admission = admission_from_config(config, self.metrics, self.buckets, redis_client=self.redis)
         self.models = {pool.model: name for name, pool in config.pools.items()}
         self.metrics.start_series(config.pools, self.fleet.workers)
         self.metrics.watch_router(self.router.stats)
@@ -74,11 +76,28 @@ class GatewayCore:
         routing = config.routing
         self.policy_watcher = None if routing.policies_file is None else PolicyFileWatcher(
             routing.policies_file, list(config.pools), self.router, self.metrics, routing.policies_watch_interval_s)
+        # with Redis: routing decisions and breaker changes shared with the other replicas, and workers
+        # that register themselves
+        self.peers = self.registry = None
+        if self.redis is not None:
+            self.peers = PeerLink(config.redis.url, self.redis, on_routed=self.router.peer_routed,
+                                  on_breaker=self.fleet.peer_breaker_change,
+                                  breaker_reset_s=config.breaker.reset_timeout_s)
+            self.router.on_routed = self.peers.routed
+            self.fleet.on_breaker_change = self.peers.breaker_changed
+            self.registry = RegistryWatcher(config, self.redis, self.fleet, DEFAULT_BLOCK_SIZE, self._pool_resized)
+        self.metrics.watch_shared_state(self.shared_state)
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
         await self.fleet.start()
+        if self.peers is not None:
+            await self.peers.start(self.fleet.workers)
+        if self.registry is not None:
+            await self.registry.poll()  # registered workers join before the gateway takes requests
+            self._tasks.append(asyncio.create_task(self.registry.run(), name="worker-registry"))
         self._tasks.append(asyncio.create_task(self.admission.run_expiry(), name="admission-expiry"))
+        await self.admission.start_budget_sync()
         if self.policy_watcher is not None:
             self._tasks.append(asyncio.create_task(self.policy_watcher.run(), name="policy-file-watcher"))
 
@@ -87,6 +106,9 @@ class GatewayCore:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.admission.limits.settled()
+        await self.admission.stop_budget_sync()
+        if self.peers is not None:
+            await self.peers.aclose()
         if isinstance(self.buckets, SharedBuckets):
             await self.buckets.aclose()
         await self.fleet.stop()
@@ -108,6 +130,18 @@ class GatewayCore:
         """None without Redis; else whether tenant limits are kept in Redis now (False: each
         replica enforces its share locally until Redis answers again)."""
         return None if not isinstance(self.buckets, SharedBuckets) else self.buckets.state == "redis"
+
+    def _pool_resized(self, pool: str, registered_workers: int) -> None:
+        """Workers registered in pool or left it: its admission limit scales to what they run."""
+        self.admission.pools[pool].set_max_limit(pool_concurrency_ceiling(self.config.pools[pool], registered_workers))
+
+    def shared_state(self) -> dict[str, bool] | None:
+        """None without Redis; else, for each kind of state replicas share, whether it is shared now
+        (False: this replica runs on its own view of it until Redis answers)."""
+        if self.redis is None:
+            return None
+        return {"tenant_limits": self.limits_shared() is not False, "retry_budgets": self.admission.budgets_shared(),
+                "peers": self.peers.state == "redis", "registry": self.registry.state == "redis"}
 
     async def redis_ok(self) -> bool | None:
         """None without Redis; False while the key store knows it unreachable (no PING waited on);

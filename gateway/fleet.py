@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -25,6 +26,7 @@ from kvgate.config import KvgateConfig, WorkerConfig
 from kvgate.kv_endpoints import replay_endpoint
 from router.router import Router
 from router.subscriber import KvEventSubscriber
+from router.types import WorkerSpec
 
 log = logging.getLogger("kvgate.gateway")
 
@@ -60,24 +62,26 @@ class Fleet:
         self._http = http
         self._tasks: list[asyncio.Task] = []
         self.workers: dict[str, Worker] = {}
+        self.on_breaker_change: Callable[[str, str], None] | None = None  # (worker, new state): told to peers
         for pool_name, pool in config.pools.items():
             for wc in pool.workers:
-                breaker = WorkerBreaker(wc.name, config.breaker.fail_max, config.breaker.reset_timeout_s,
-                                        on_change=self._on_breaker_change)
-                self.workers[wc.name] = Worker(wc.name, pool_name, wc.url.rstrip("/"), wc, breaker)
-                self.outliers[pool_name].add_worker(wc.name)
-                metrics.breaker_state.labels(worker=wc.name).set(0)
-                metrics.worker_healthy.labels(worker=wc.name).set(1)
+                self._add(pool_name, wc)  # the router has the configured workers from its construction
+
+    def _add(self, pool_name: str, wc: WorkerConfig) -> Worker:
+        breaker = WorkerBreaker(wc.name, self.config.breaker.fail_max, self.config.breaker.reset_timeout_s,
+                                on_change=self._on_breaker_change)
+        worker = self.workers[wc.name] = Worker(wc.name, pool_name, wc.url.rstrip("/"), wc, breaker)
+        self.outliers[pool_name].add_worker(wc.name)
+        self.metrics.breaker_state.labels(worker=wc.name).set(0)
+        self.metrics.worker_healthy.labels(worker=wc.name).set(1)
+        self.metrics.ejections.labels(worker=wc.name)
+        return worker
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
         for worker in self.workers.values():
-            endpoint = worker.config.kv_events_endpoint
-            if endpoint:
-                worker.subscriber = self.router.kv_event_subscriber(worker.worker_id, endpoint,
-                                                                    replay_endpoint(endpoint))
-                worker.subscriber.start()
+            self._subscribe(worker)
         await self.check_all(initial=True)
         self._tasks.append(asyncio.create_task(self._health_loop(), name="health-checks"))
 
@@ -88,6 +92,43 @@ class Fleet:
         for worker in self.workers.values():
             if worker.subscriber is not None:
                 await worker.subscriber.stop()
+
+    def _subscribe(self, worker: Worker) -> None:
+        endpoint = worker.config.kv_events_endpoint
+        if endpoint:
+            worker.subscriber = self.router.kv_event_subscriber(worker.worker_id, endpoint, replay_endpoint(endpoint))
+            worker.subscriber.start()
+
+    # -- membership (workers that register and leave while the gateway runs) -------------------
+
+    async def add_worker(self, pool_name: str, wc: WorkerConfig, spec: WorkerSpec) -> None:
+        """A worker joins pool_name: follow its KV events, check its health once now (it is in rotation
+        when that passes), then keep checking it with the others."""
+        if wc.name in self.workers:
+            raise ValueError(f"worker {wc.name!r} is already in the fleet")
+        worker = self._add(pool_name, wc)
+        self.router.worker_joined(pool_name, spec)
+        self._subscribe(worker)
+        await self._check(worker, initial=True)
+        log.info("worker %s joined pool %s at %s", wc.name, pool_name, worker.url)
+
+    async def remove_worker(self, worker_id: str) -> None:
+        """A worker leaves: out of rotation at once, its KV-index entries, load and series gone.
+        Attempts in flight on it end as they would (their outcome no longer judges it)."""
+        worker = self.workers.pop(worker_id, None)
+        if worker is None:
+            return
+        self.router.worker_left(worker_id)
+        self.outliers[worker.pool].remove_worker(worker_id)
+        for metric in (self.metrics.breaker_state, self.metrics.worker_healthy, self.metrics.ejections,
+                       self.metrics.kv_events):
+            try:
+                metric.remove(worker_id)
+            except KeyError:
+                pass
+        if worker.subscriber is not None:
+            await worker.subscriber.stop()
+        log.info("worker %s left pool %s", worker_id, worker.pool)
 
     # -- rotation ----------------------------------------------------------------------------
 
@@ -103,9 +144,9 @@ class Fleet:
                    for w in self.workers.values())
 
     def pools_without_workers(self) -> list[str]:
-        pools = {w.pool for w in self.workers.values()}
-        return sorted(p for p in pools if not any(w.pool == p and self.available(w.worker_id)
-                                                  for w in self.workers.values()))
+        """Configured pools with no worker in rotation (none healthy, or none registered yet)."""
+        return sorted(p for p in self.config.pools if not any(w.pool == p and self.available(w.worker_id)
+                                                              for w in self.workers.values()))
 
     def _refresh_rotation(self, worker: Worker) -> None:
         failed = not worker.healthy or worker.breaker.state == OPEN
@@ -127,17 +168,28 @@ class Fleet:
             log.info("worker %s rejoined rotation", worker.worker_id)
 
     def _on_breaker_change(self, worker_id: str, old: str, new: str) -> None:
+        worker = self.workers.get(worker_id)
+        if worker is None:
+            return
         self.metrics.breaker_state.labels(worker=worker_id).set(STATE_VALUES.get(new, 0))
         log.warning("worker %s breaker %s -> %s", worker_id, old, new)
+        self._refresh_rotation(worker)
+        if self.on_breaker_change is not None and not worker.breaker.applying_peer_state:
+            self.on_breaker_change(worker_id, new)
+
+    def peer_breaker_change(self, worker_id: str, state: str) -> None:
+        """Another gateway replica's breaker for worker_id went to state (open or closed): follow it."""
         worker = self.workers.get(worker_id)
         if worker is not None:
-            self._refresh_rotation(worker)
+            worker.breaker.follow_peer(state)
 
     def record_attempt(self, worker_id: str, ok: bool, first_byte_s: float | None = None,
                        expected_first_byte_s: float | None = None) -> None:
         """Outcome of one upstream attempt: feeds the breaker and slow-worker ejection (time to
         first token against the router's expectation for it, when both are known)."""
-        worker = self.workers[worker_id]
+        worker = self.workers.get(worker_id)
+        if worker is None:  # it left the fleet while the attempt ran
+            return
         self.metrics.child(self.metrics.attempts, worker_id, "ok" if ok else "error").inc()
         if ok:
             worker.breaker.record_success()
@@ -181,6 +233,8 @@ class Fleet:
             worker.consecutive_failures += 1
             if worker.healthy and worker.consecutive_failures >= cfg.unhealthy_threshold:
                 worker.healthy = False
+        if self.workers.get(worker.worker_id) is not worker:  # it left the fleet during the check
+            return
         self._refresh_rotation(worker)
         if ok:
             cache = await self._scrape(worker) if cfg.scrape_metrics else {}
@@ -192,6 +246,8 @@ class Fleet:
             response = await self._http.get(f"{worker.url}/metrics", timeout=self.config.health.timeout_s)
             values = parse_vllm_load(response.text) if response.status_code == 200 else {}
         except (httpx.HTTPError, ValueError):
+            return {}
+        if self.workers.get(worker.worker_id) is not worker:
             return {}
         cache = {key: values.pop(key) for key in ("num_blocks", "block_size") if key in values}
         if values:

@@ -19,17 +19,18 @@ from kvgate.api_error import ApiError
 class ServiceEndpoints:
     """models maps each served model to its pool; created is the models' `created` (when this
     gateway started serving them); redis_ok answers None without Redis, else whether it answers;
-    limits_shared, None without Redis, else whether tenant limits are in Redis now."""
+    shared_state, None without Redis, else for each kind of shared state whether it is shared now."""
 
     def __init__(self, *, models: Mapping[str, str], created: int, fleet: Fleet, metrics: GatewayMetrics,
-                 redis_ok: Callable[[], Awaitable[bool | None]], limits_shared: Callable[[], bool | None]) -> None:
+                 redis_ok: Callable[[], Awaitable[bool | None]],
+                 shared_state: Callable[[], Mapping[str, bool] | None]) -> None:
         self._models = {model: {"id": model, "object": "model", "created": created, "owned_by": "kvgate",
                                 "pool": pool}
                         for model, pool in models.items()}
         self._fleet = fleet
         self._metrics = metrics
         self._redis_ok = redis_ok
-        self._limits_shared = limits_shared
+        self._shared_state = shared_state
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": list(self._models.values())})
@@ -56,11 +57,22 @@ class ServiceEndpoints:
         if await self._redis_ok() is False:
             degraded.append("redis unreachable: API keys from Redis served from cache for a bounded grace period, "
                             "others refused (503); shared state unavailable")
-        if self._limits_shared() is False:
-            degraded.append("tenant limits local: each replica enforces its share until Redis answers")
+        shared = self._shared_state() or {}
+        for part, note in _LOCAL_STATE_NOTES.items():
+            if shared.get(part) is False:
+                degraded.append(note)
         if degraded:
             body["degraded"] = degraded
         return JSONResponse(body)
 
     async def metrics(self, request: Request) -> Response:
         return Response(self._metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+# what /ready says while a kind of shared state is local (Redis unreachable)
+_LOCAL_STATE_NOTES = {
+    "tenant_limits": "tenant limits local: each replica enforces its share until Redis answers",
+    "retry_budgets": "retry budgets local: each replica spends its share until Redis answers",
+    "peers": "routing decisions and breaker changes not shared with other replicas until Redis answers",
+    "registry": "worker registry unreadable: registered workers stay as they were until Redis answers",
+}

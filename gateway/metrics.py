@@ -102,6 +102,10 @@ class GatewayMetrics:
         self.registry.register(_AdmissionCollector(pools, shared_limits))
         self.registry.register(_CostCollector(self._cost_by_tenant, self._answered_by_tenant))
 
+    def watch_shared_state(self, shared: Callable[[], Mapping[str, bool] | None]) -> None:
+        """Export, with Redis, whether each kind of shared state is shared now (1) or local (0)."""
+        self.registry.register(_SharedStateCollector(shared))
+
     def record_cost(self, tenant: str, cost_usd: float, answered: bool) -> None:
         """A request's cost (every request's tokens count), and whether it was answered."""
         if cost_usd:
@@ -191,3 +195,19 @@ class _CostCollector:
             answered = self._answered.get(tenant, 0)
             per_answer.add_metric([tenant], cost / answered if answered else math.nan)
         yield per_answer
+
+
+class _SharedStateCollector:
+    def __init__(self, shared: Callable[[], Mapping[str, bool] | None]) -> None:
+        self._shared = shared
+
+    def collect(self) -> Iterator[Metric]:
+        parts = self._shared()
+        if parts is None:
+            return
+        gauge = GaugeMetricFamily("kvgate_shared_state", "With Redis: 1 while this kind of state is shared with the "
+                                  "other replicas, 0 while this replica runs on its own (Redis unreachable).",
+                                  labels=["part"])
+        for part, shared in sorted(parts.items()):
+            gauge.add_metric([part], int(shared))
+        yield gauge

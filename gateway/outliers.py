@@ -48,6 +48,9 @@ class OutlierDetector:
     def add_worker(self, worker_id: str) -> None:
         self._stats.setdefault(worker_id, _Stats())
 
+    def remove_worker(self, worker_id: str) -> None:
+        self._stats.pop(worker_id, None)
+
     def is_ejected(self, worker_id: str) -> bool:
         stats = self._stats.get(worker_id)
         if stats is None or stats.ejected_until is None:

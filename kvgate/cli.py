@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
+from urllib.parse import urlparse
 
 from kvgate.config import ApiKeyConfig, ConfigError, load_config
 
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_up(sub)
     _add_gateway(sub)
     _add_worker(sub)
+    _add_register(sub)
     _add_keys(sub)
     _add_bench(sub)
     return parser
@@ -76,6 +78,14 @@ def _add_gateway(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, type=Path, help="kvgate YAML config")
     p.add_argument("--host", help="listen address (overrides gateway.host)")
     p.add_argument("--port", type=_port, help="listen port (overrides gateway.port)")
+    p.add_argument("--workers", type=_positive_int, default=1, metavar="N",
+                   help="gateway processes sharing the port (SO_REUSEPORT), each a full gateway, supervised by "
+                   "this one: restarted when one dies, SIGHUP and SIGTERM passed on; /metrics merges every "
+                   "process's series, labelled gateway_process. N > 1 needs redis.url, so that tenant limits "
+                   "are shared, not N times over (default: 1, this process serves)")
+    # set by a --workers N parent on each of its processes
+    p.add_argument("--process-index", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--run-dir", type=Path, help=argparse.SUPPRESS)
     p.set_defaults(handler=_run_gateway)
 
 
@@ -103,7 +113,39 @@ def _add_worker(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sim-timing", metavar="K=V,...",
                    help="sim executor timing overrides (see docs/sim-calibration.md)")
     p.add_argument("--worker-id", metavar="NAME", help="name in logs, metrics and KV-event topics")
-    p.set_defaults(handler=_dispatch("worker.cli", "run", "the worker", extra="worker"))
+    registration = p.add_argument_group("registration", "announce this worker to gateways through Redis "
+                                        "(heartbeats while its /health answers; see docs/deploy.md)")
+    registration.add_argument("--register", metavar="REDIS_URL", help="register in this Redis (e.g. redis://host:6379/0)")
+    registration.add_argument("--pool", help="the gateway pool to join (required with --register)")
+    registration.add_argument("--advertise-host", metavar="HOST",
+                              help="host gateways reach this worker at (default: --host, or this machine's "
+                                   "name when --host is a wildcard)")
+    _add_heartbeat_timing(registration)
+    p.set_defaults(handler=_run_worker)
+
+
+def _add_register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("register", help="announce a running worker (any OpenAI-compatible engine) to gateways",
+                       description="Register a worker in Redis and keep it registered while its /health "
+                       "answers 200 (a sidecar beside vLLM, SGLang or a bundled worker); withdraw it on "
+                       "SIGTERM or Ctrl-C. Gateways with the same redis.url add it to the pool and drop it "
+                       "when its heartbeats stop.")
+    p.add_argument("--redis", metavar="URL", required=True, help="the gateways' Redis (redis.url in their config)")
+    p.add_argument("--pool", required=True, help="the gateway pool to join")
+    p.add_argument("--name", required=True, help="the worker's name (unique in the registry)")
+    p.add_argument("--url", required=True, help="where gateways reach the worker, e.g. http://10.0.0.7:8000")
+    p.add_argument("--kv-events-endpoint", metavar="tcp://HOST:PORT",
+                   help="where the worker publishes KV events (vLLM: --kv-events-config's endpoint)")
+    p.add_argument("--model", help="the served model name (default: the first id in the worker's /v1/models)")
+    _add_heartbeat_timing(p)
+    p.set_defaults(handler=_run_register)
+
+
+def _add_heartbeat_timing(p) -> None:
+    p.add_argument("--registry-ttl", type=float, default=6.0, metavar="SECONDS",
+                   help="a registration lapses this long after the last heartbeat (default: 6)")
+    p.add_argument("--heartbeat-interval", type=float, default=2.0, metavar="SECONDS",
+                   help="seconds between heartbeats (default: 2; below the TTL)")
 
 
 def _add_keys(sub: argparse._SubParsersAction) -> None:
@@ -159,7 +201,19 @@ def _run_gateway(args: argparse.Namespace) -> int:
     from gateway.cli import run
 
     config = load_config(args.config)
-    return run(args, config, _tokenizer_dirs(config))
+    _check_gateway_workers(args, config)
+    return run(args, config, _tokenizer_dirs(config))  # the parent resolves them first: `default` converts once
+
+
+def _check_gateway_workers(args: argparse.Namespace, config) -> None:
+    if args.workers > 1 and config.redis.url is None:
+        raise UsageError(f"--workers {args.workers} needs redis.url in the config: without Redis each process "
+                         f"would enforce every tenant's full limits on its own ({args.workers} times the "
+                         "configured rate) and keep its own state; set redis.url, or run one process")
+    if args.process_index is None and args.run_dir is None:
+        return
+    if args.process_index is None or args.run_dir is None or not 0 <= args.process_index < args.workers:
+        raise UsageError("--process-index and --run-dir are set by `kvgate gateway --workers N` on its own processes")
 
 
 def _tokenizer_dirs(config) -> dict[str, Path]:
@@ -180,6 +234,61 @@ def _tokenizer_dirs(config) -> dict[str, Path]:
                 raise ConfigError(f"pools.{name}.tokenizer", f"no tokenizer.json in {folder}")
             dirs[name] = folder
     return dirs
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    """The worker, and with --register its heartbeat in a thread beside it."""
+    run_worker = _dispatch("worker.cli", "run", "the worker", extra="worker")
+    if args.register is None:
+        if args.pool is not None:
+            raise UsageError("--pool needs --register (the Redis to register in)")
+        return run_worker(args)
+    if args.pool is None:
+        raise UsageError("--register needs --pool (the gateway pool to join)")
+    from kvgate.registry import advertised_urls
+
+    url, kv_events = advertised_urls(args.host, args.port, args.kv_events_endpoint, args.advertise_host)
+    name = args.worker_id or urlparse(url).hostname.strip("[]").replace(":", "-") + f"-{args.port}"
+    heartbeat = _heartbeat(args.register, args, name, url, kv_events, model=args.served_model_name)
+    heartbeat.start()
+    try:
+        return run_worker(args)
+    finally:
+        heartbeat.stop()
+
+
+def _run_register(args: argparse.Namespace) -> int:
+    """`kvgate register`: heartbeats in the foreground until SIGTERM or Ctrl-C, then withdraw."""
+    import logging
+    import signal
+
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s register {args.name} %(levelname)s %(message)s")
+    heartbeat = _heartbeat(args.redis, args, args.name, args.url, args.kv_events_endpoint, model=args.model)
+    signal.signal(signal.SIGTERM, lambda signum, frame: heartbeat.stop())
+    try:
+        heartbeat.run()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _heartbeat(redis_url: str, args: argparse.Namespace, name: str, url: str, kv_events: str | None,
+               model: str | None):
+    """A Heartbeat for `kvgate worker --register` and `kvgate register`, its arguments checked."""
+    from kvgate.config.checks import NAME
+    from kvgate.registry import Heartbeat
+
+    if not NAME.match(name):
+        raise UsageError(f"worker name {name!r}: must be letters, digits, '.', '_' or '-'")
+    if urlparse(redis_url).scheme not in ("redis", "rediss", "unix"):
+        raise UsageError(f"{redis_url!r}: the registry must be a redis://, rediss:// or unix:// URL")
+    if urlparse(url).scheme not in ("http", "https") or not urlparse(url).hostname:
+        raise UsageError(f"--url {url!r}: not an http(s) URL")
+    try:
+        return Heartbeat(redis_url, name, args.pool, url, model=model, kv_events_endpoint=kv_events,
+                         ttl_s=args.registry_ttl, interval_s=args.heartbeat_interval)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _run_keys_create(args: argparse.Namespace) -> int:

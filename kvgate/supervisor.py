@@ -3,7 +3,8 @@
 Each child gets its own process group (so a terminal's Ctrl-C reaches only the supervisor, which
 forwards it) and is asked by the kernel to die with the supervisor (PR_SET_PDEATHSIG), so no
 orphan outlives a supervisor that was killed outright. SIGHUP is passed on to the children that
-reload on it.
+reload on it (they start with SIGHUP ignored, so one that arrives before a child has installed its
+handler is dropped, not fatal: the child reads the current file as it starts anyway).
 """
 
 from __future__ import annotations
@@ -30,11 +31,16 @@ class ChildFailed(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class ChildSpec:
-    """One process of the stack. A critical child's death stops the whole stack; any other is restarted."""
+    """One process of the stack. A critical child's death stops the whole stack; any other is restarted.
+
+    It is up once health_url answers 200, or, for a child with no URL of its own (processes sharing one
+    port), once ready_check() returns True; with neither, as soon as it runs.
+    """
 
     name: str
     argv: tuple[str, ...]
     health_url: str | None = None
+    ready_check: Callable[[], bool] | None = None
     env: dict[str, str] = field(default_factory=dict)
     critical: bool = False
     reloads_on_sighup: bool = False
@@ -70,6 +76,17 @@ class RestartPolicy:
 def _die_with_parent() -> None:
     """Runs in the child before exec: new process group, SIGTERM when the parent dies."""
     os.setpgrp()
+    _set_death_signal()
+
+
+def _die_with_parent_ignoring_sighup() -> None:
+    """_die_with_parent, and SIGHUP ignored (kept across exec) until the child installs its own handler."""
+    os.setpgrp()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    _set_death_signal()
+
+
+def _set_death_signal() -> None:
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -98,7 +115,7 @@ class _Child:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **self.spec.env},
-            preexec_fn=_die_with_parent,
+            preexec_fn=_die_with_parent_ignoring_sighup if self.spec.reloads_on_sighup else _die_with_parent,
             text=True,
             errors="replace",
         )
@@ -185,13 +202,15 @@ class Supervisor:
                 self._stop_requested.wait(0.2)
 
     def _became_healthy(self, child: _Child) -> bool:
-        if not _is_healthy(child.spec.health_url):
+        check = child.spec.ready_check
+        if not (check() if check is not None else _is_healthy(child.spec.health_url)):
             return False
         child.healthy_since = self.clock()
         return True
 
     def _timeout_message(self, child: _Child) -> str:
-        return (f"{child.spec.name} did not become healthy at {child.spec.health_url} "
+        where = f"healthy at {child.spec.health_url}" if child.spec.ready_check is None else "ready"
+        return (f"{child.spec.name} did not become {where} "
                 f"within {self.health_timeout_s:.0f} s; last log lines:\n{child.last_lines()}")
 
     def _death_message(self, child: _Child) -> str:

@@ -65,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--gateway-replicas", default="1", metavar="N[,N...]",
                        help="run each policy with N gateway replicas behind a round-robin nginx, for each N "
                        "(default: 1)")
+    fleet.add_argument("--replicas-share", default="redis", metavar="redis|nothing|both",
+                       help="with --gateway-replicas N > 1: the replicas share routing decisions, breakers and "
+                       "limits through a redis-server the run starts (redis, the default), run each on its own "
+                       "state (nothing), or both, one run each (the second named ...-unshared)")
     fleet.add_argument("--base-port", type=int, help="fixed ports from here (see loadtest/fleet.py)")
     fleet.add_argument("--gateway-command", default=None, help="gateway command (default: python -m kvgate gateway)")
     fleet.add_argument("--bench-doc", metavar="NAME", help="also write section NAME of --doc from the results")
@@ -208,7 +212,8 @@ def fleet_config(args: argparse.Namespace) -> FleetConfig:
                        external_commands=tuple(parse_external_command(c) for c in args.external_command),
                        faults=tuple(parse_fault(f) for f in args.fault), worker_model=args.worker_model,
                        worker_args=tuple(args.worker_arg), base_port=args.base_port,
-                       gateway_replicas=_counts(args.gateway_replicas), **extra)
+                       gateway_replicas=_counts(args.gateway_replicas),
+                       replicas_share=args.replicas_share, **extra)
 
 
 def _counts(text: str) -> tuple[int, ...]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,9 @@ from loadtest.procs import ChildProcess, Started, free_port, port_is_free
 from loadtest.router_metrics import router_stats
 from loadtest.runner import RunPlan, execute
 from loadtest.types import RequestSpec
+
+
+REPLICAS_SHARE = ("redis", "nothing", "both")  # --replicas-share: see FleetConfig.replicas_share
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,9 @@ class FleetConfig:
     base_port: int | None = None
     health_timeout_s: float = 120.0
     gateway_replicas: tuple[int, ...] = (1,)  # each policy runs once per count: N gateways behind nginx
+    # how N > 1 replicas run: "redis" (sharing state through a redis-server of the run's), "nothing"
+    # (each on its own state), or "both" (each N twice; the second run's name ends in -unshared)
+    replicas_share: str = "redis"
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
@@ -61,6 +68,8 @@ class FleetConfig:
             raise ValueError("--num-blocks must be >= 1")
         if not self.gateway_replicas or any(n < 1 for n in self.gateway_replicas):
             raise ValueError("--gateway-replicas takes counts >= 1")
+        if self.replicas_share not in REPLICAS_SHARE:
+            raise ValueError(f"--replicas-share must be one of {', '.join(REPLICAS_SHARE)}, not {self.replicas_share!r}")
         targets = [t.name for t in self.targets()]
         if not targets:
             raise ValueError("give at least one policy or --external router")
@@ -84,8 +93,11 @@ class FleetConfig:
 
     def targets(self) -> list[Target]:
         """One run each, in this order: the policies, the routers at a URL, the routers the run starts."""
-        return ([Target(policy if n == 1 else f"{policy}-x{n}", policy=policy, replicas=n)
-                 for policy in self.policies for n in self.gateway_replicas]
+        shares = {"redis": (True,), "nothing": (False,), "both": (True, False)}[self.replicas_share]
+        return ([Target(policy, policy=policy) if n == 1 else
+                 Target(f"{policy}-x{n}" + ("" if share else "-unshared"), policy=policy, replicas=n,
+                        share_state=share)
+                 for policy in self.policies for n in self.gateway_replicas for share in (shares if n > 1 else (True,))]
                 + [Target(name, url=url) for name, url in self.externals]
                 + [Target(c.name, command=c) for c in self.external_commands])
 
@@ -99,6 +111,7 @@ class Target:
     url: str | None = None
     command: ExternalCommand | None = None
     replicas: int = 1  # kvgate gateways behind a round-robin balancer (a policy's run only)
+    share_state: bool = True  # replicas share state through the run's Redis
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +126,8 @@ class WorkerEndpoint:
 
 
 class Fleet(Started):
-    """Workers (+ fault proxies, + a redis-server when a scenario stops Redis) for one run; engine:
+    """Workers (+ fault proxies, + a redis-server when a scenario stops Redis or gateway replicas share
+    state) for one run; engine:
     resolved once for all runs (default: from config.engine)."""
 
     def __init__(self, config: FleetConfig, run_dir: Path, engine: Engine | None = None) -> None:
@@ -126,7 +140,8 @@ class Fleet(Started):
     def start(self) -> None:
         self._start_workers()
         self._start_proxies()
-        if any(f.kind == "redis" for f in self.config.faults):
+        shares = any(t.replicas > 1 and t.share_state for t in self.config.targets())
+        if shares or any(f.kind == "redis" for f in self.config.faults):
             self._start_redis()
 
     def _start_workers(self) -> None:
@@ -176,8 +191,11 @@ class Fleet(Started):
         data = httpx.get(f"{self.endpoints[0].url}/v1/models", timeout=10.0).json()
         return data["data"][0]["id"]
 
-    def gateway_config(self, policy: str, port: int, model: str) -> dict[str, Any]:
-        """A kvgate YAML config (see kvgate/config/schema.py) routing the one pool with `policy`."""
+    def gateway_config(self, policy: str, port: int, model: str, replicas: int = 1,
+                       share_state: bool = True) -> dict[str, Any]:
+        """A kvgate YAML config (see kvgate/config/schema.py) routing the one pool with `policy`, for
+        one of `replicas` gateways (sharing state through the run's Redis, where it has one, unless
+        share_state is False)."""
         workers = [self._worker_entry(ep) for ep in self.endpoints]
         tokenizer = "default" if self.config.worker_model == "default" else self.config.worker_model
         config: dict[str, Any] = {
@@ -185,8 +203,8 @@ class Fleet(Started):
             "auth": {"keys": [], "dev_key_env": "KVGATE_API_KEY", "dev_tenant": "dev"},
             "pools": {"default": {"model": model, "tokenizer": tokenizer,
                                   "policy": {"type": policy, "parameters": {}}, "workers": workers}}}
-        if self.redis_port is not None:
-            config["redis"] = {"url": f"redis://127.0.0.1:{self.redis_port}/0"}
+        if self.redis_port is not None and share_state:
+            config["redis"] = {"url": f"redis://127.0.0.1:{self.redis_port}/0", "replicas": replicas}
         return config
 
     def _worker_entry(self, ep: WorkerEndpoint) -> dict[str, Any]:
@@ -197,16 +215,20 @@ class Fleet(Started):
             entry["num_blocks"] = self.config.num_blocks
         return entry
 
-    def start_gateway(self, policy: str, model: str, api_key: str, replicas: int = 1) -> str:
+    def start_gateway(self, policy: str, model: str, api_key: str, replicas: int = 1,
+                      share_state: bool = True) -> str:
         """Write the config for `policy`, start the gateway on it, wait for /health; returns its URL.
         With replicas > 1: that many gateways (each its own process, index and load view, as separate
         hosts would have) behind an nginx balancer sending requests round robin; returns its URL."""
         port = self.config.port(4 * self.config.num_workers) or free_port()
         ports = [port] if replicas == 1 else [free_port() for _ in range(replicas)]
         names = ["gateway"] if replicas == 1 else [f"gateway-{i}" for i in range(replicas)]
+        if self.redis_port is not None:  # nothing an earlier run's gateways left (breakers held open, ...)
+            subprocess.run(["redis-cli", "-p", str(self.redis_port), "flushall"], capture_output=True, timeout=10)
         for name, gateway_port in zip(names, ports):
             path = self.run_dir / f"{name}-{policy}.yaml"
-            path.write_text(yaml.safe_dump(self.gateway_config(policy, gateway_port, model), sort_keys=False))
+            config = self.gateway_config(policy, gateway_port, model, replicas, share_state)
+            path.write_text(yaml.safe_dump(config, sort_keys=False))
             argv = [*self.config.gateway_command, "--config", str(path), "--port", str(gateway_port)]
             self._start(name, argv, f"http://127.0.0.1:{gateway_port}/health", {"KVGATE_API_KEY": api_key})
         for name in names:
@@ -263,7 +285,7 @@ def _one_run(fleet: Fleet, target: Target, specs: Sequence[RequestSpec], plan: R
     api_key = plan.driver.api_key
     if target.policy is not None:
         api_key = f"kvgate-bench-{secrets.token_hex(8)}"
-        base_url = fleet.start_gateway(target.policy, model, api_key, target.replicas)
+        base_url = fleet.start_gateway(target.policy, model, api_key, target.replicas, target.share_state)
     elif target.command is not None:
         base_url = fleet.start_external(target.command)
     else:
@@ -287,6 +309,7 @@ def _fleet_json(fleet: Fleet, target: Target) -> dict[str, Any]:
             "worker_model": config.worker_model, "worker_args": list(config.worker_args),
             "num_blocks": config.num_blocks, "router": "kvgate" if target.policy is not None else "external",
             "policy": target.policy, "gateway_replicas": target.replicas,
+            "replicas_share_state": target.share_state if target.replicas > 1 else None,
             "external_command": target.command.command if target.command is not None else None}
 
 

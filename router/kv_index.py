@@ -301,7 +301,8 @@ class KvIndex:
     # -- predicted layer -----------------------------------------------------------------------
 
     def record_prediction(
-        self, worker_id: str, keys: Sequence[int], ttl_s: float | None = None, *, num_predicted: int = 0
+        self, worker_id: str, keys: Sequence[int], ttl_s: float | None = None, *, num_predicted: int = 0,
+        pin: bool = True,
     ) -> float | None:
         """Remember that worker_id was just sent a prompt with these keys (for ttl_s seconds);
         returns the prediction's expiry (None for no keys), which withdraw_prediction takes.
@@ -310,11 +311,13 @@ class KvIndex:
         their expiry is refreshed without touching the shared masks again. keys is kept until
         the prediction expires: pass a tuple (the collector does not track tuples of ints).
         Only the first max_predicted_keys are kept (a prefix of a chain is a prediction too).
+        pin=False for a request this router will not see end (another gateway replica's): its
+        blocks are not counted in use here, since no release() would follow.
         """
         worker = self._worker(worker_id)
         if not keys:
             return None
-        if worker.models_eviction:  # the request holds every block of its prompt there until it ends
+        if pin and worker.models_eviction:  # the request holds every block of its prompt there until it ends
             worker.in_use.update(keys)
         if len(keys) > self.max_predicted_keys:
             keys = tuple(keys[: self.max_predicted_keys])

@@ -91,6 +91,9 @@ class Router:
         self._candidate_cache: dict[tuple[str, str | None, str | None], tuple[str, list[WorkerSpec]]] = {}
         self._instances: dict[str, Policy] = {}
         self._books = TicketBooks(self._load, self._index, self._pools, {})
+        # told of every decision (worker, the prompt's block keys there, the prediction's TTL or None for
+        # the index's): the gateway shares them with its peer replicas, which apply them with peer_routed()
+        self.on_routed: Callable[[str, tuple[int, ...], float | None], None] | None = None
         for pool, specs in pools.items():
             self._pools.setdefault(pool, [])
             for spec in specs:
@@ -222,8 +225,8 @@ class Router:
         # a tuple of ints: the index keeps it until the prediction expires (seconds), and unlike a
         # list the collector stops tracking it, so these don't pile up as long-lived GC objects
         keys = tuple(keys_by_size[block_size])
-        expiry = self._index.record_prediction(chosen, keys, getattr(policy, "prediction_ttl_s", None),
-                                               num_predicted=predicted)
+        ttl_s = getattr(policy, "prediction_ttl_s", None)
+        expiry = self._index.record_prediction(chosen, keys, ttl_s, num_predicted=predicted)
         specs_by_id = self._specs
 
         def cached_tokens_at(worker_id: str) -> int:
@@ -242,7 +245,19 @@ class Router:
             tokenizer_mode=tokenizer.mode,
         )
         prediction = Prediction(chosen, keys, max(confirmed, predicted), expiry)
+        if self.on_routed is not None:
+            self.on_routed(chosen, keys, ttl_s)
         return RouteTicket(ranked, self._books, cached_tokens_at, prediction)
+
+    def peer_routed(self, worker_id: str, keys: Sequence[int], ttl_s: float | None = None) -> None:
+        """Another gateway replica just sent a prompt with these block keys to worker_id: remember
+        it as this router's own decision would be (predicted cache there until its TTL or the
+        worker's KV events say more, and the prefix's home), so replicas keep a prefix together."""
+        if worker_id not in self._specs or not keys:
+            return
+        keys = tuple(keys)
+        self._placements.record(keys, worker_id)
+        self._index.record_prediction(worker_id, keys, ttl_s, pin=False)
 
     def _rule_for(self, req: RouteRequest) -> RoutingRule:
         rule = self._rules.select(req)

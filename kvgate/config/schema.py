@@ -100,15 +100,19 @@ class AuthConfig:
 @dataclass(frozen=True, slots=True)
 class RedisConfig:
     """Shared state for gateway replicas; url None means in-memory (one replica). replicas: how many
-    gateways share it (while Redis is unreachable each enforces 1/replicas of a tenant's limits)."""
+    gateways share it (while Redis is unreachable each enforces 1/replicas of a tenant's limits).
+    With a url, the gateway also follows the worker registry there (workers that register with
+    `kvgate worker --register` or `kvgate register`), reading it every registry_poll_interval_s."""
 
     url: str | None = None
     replicas: int = 1
+    registry_poll_interval_s: float = 0.5
 
     def __post_init__(self) -> None:
         if self.url is not None and urlparse(self.url).scheme not in ("redis", "rediss", "unix"):
             raise ConfigError("url", "not a redis:// URL")
         check_positive(self.replicas, "replicas")
+        check_positive(self.registry_poll_interval_s, "registry_poll_interval_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,16 +307,17 @@ class PoolConfig:
     def __post_init__(self) -> None:
         if not self.model:
             raise ConfigError("model", "must be a non-empty string")
-        if not self.workers:
-            raise ConfigError("workers", "at least one worker is required")
         check_positive(self.max_model_len, "max_model_len")
 
     def prompt_token_limit(self) -> int | None:
         """The longest prompt (in tokens) the router lets into this pool: max_model_len, else the
         largest any worker's launch section allows when every worker has one that says (see
-        LaunchConfig.max_model_len_bound), else None (no limit before the workers' own)."""
+        LaunchConfig.max_model_len_bound), else None (no limit before the workers' own; so too for
+        a pool whose workers register themselves)."""
         if self.max_model_len is not None:
             return self.max_model_len
+        if not self.workers:
+            return None
         bounds = [w.launch.max_model_len_bound if w.launch else None for w in self.workers]
         return None if None in bounds else max(bounds)  # type: ignore[type-var]
 
@@ -340,6 +345,10 @@ class KvgateConfig:
         for pool_name in self.pools:
             if not NAME.match(pool_name):
                 raise ConfigError(f"pools.{pool_name}", "pool names must be letters, digits, '.', '_' or '-'")
+        for pool_name, pool in self.pools.items():
+            if not pool.workers and self.redis.url is None:
+                raise ConfigError(f"pools.{pool_name}.workers", "at least one worker is required (or set "
+                                  "redis.url, for a pool whose workers register themselves)")
         self._check_unique_names()
         self._check_unique_ports()
         self._check_tenants()

@@ -20,11 +20,11 @@ KEY = "key-metered"
 RATE_PER_S = 10
 
 
-def metered_config(worker_url: str, redis_url: str) -> dict:
+def metered_config(worker_url: str, redis_url: str, replicas: int = 2) -> dict:
     config = gateway_config([worker_entry("w", worker_url)], None,
                             auth={"keys": [{"tenant": "metered", "sha256": hash_key(KEY)}]})
     config["tenants"] = {"metered": {"requests_per_s": RATE_PER_S, "requests_burst": RATE_PER_S}}
-    config["redis"] = {"url": redis_url, "replicas": 2}
+    config["redis"] = {"url": redis_url, "replicas": replicas}
     return config
 
 
@@ -45,12 +45,14 @@ async def offer(urls: list[str], rate_per_s: float, duration_s: float) -> tuple[
         return list(await asyncio.gather(*tasks)), sent_s
 
 
-def test_two_gateways_on_one_redis_admit_a_tenant_at_its_rate(tmp_path, redis_server):
-    """One tenant at 3x its requests_per_s for 20 s through two replicas: admitted within 5% of the limit."""
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_gateways_on_one_redis_admit_a_tenant_at_its_rate(tmp_path, redis_server, replicas):
+    """One tenant at 3x its requests_per_s for 20 s through two or four replicas: admitted within 5% of
+    the limit."""
     with ExitStack() as stack:
         worker = stack.enter_context(running(fake_worker_process("answer")))
-        config = metered_config(worker.url, redis_server.url)
-        gateways = [start_gateway(stack, config, tmp_path) for _ in range(2)]
+        config = metered_config(worker.url, redis_server.url, replicas)
+        gateways = [start_gateway(stack, config, tmp_path) for _ in range(replicas)]
         statuses, sent_s = asyncio.run(offer([g.url for g in gateways], 3 * RATE_PER_S, 20.0))
         admitted = statuses.count(200)
         allowed = RATE_PER_S * sent_s + RATE_PER_S  # the rate over the run, plus one burst

@@ -21,7 +21,7 @@ def kvgate(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 def test_top_level_help_lists_every_subcommand():
     result = kvgate("--help")
     assert result.returncode == 0
-    for command in ("up", "gateway", "worker", "keys", "bench"):
+    for command in ("up", "gateway", "worker", "register", "keys", "bench"):
         assert f"    {command} " in result.stdout
 
 
@@ -32,12 +32,14 @@ def test_top_level_help_lists_every_subcommand():
         (("gateway",), ["--config", "--host", "--port"]),
         (("worker",), ["--model", "--port", "--executor", "--block-size", "--num-blocks", "--max-num-seqs",
                        "--kv-events-endpoint", "--served-model-name"]),
+        (("register",), ["--redis", "--pool", "--name", "--url", "--kv-events-endpoint", "--model",
+                         "--registry-ttl", "--heartbeat-interval"]),
         (("keys",), ["create"]),
         (("keys", "create"), ["--tenant", "--redis"]),
         (("bench",), ["run ", "fleet ", "report "]),
         (("bench", "run"), ["--url", "--model", "--workload", "--out"]),
     ],
-    ids=["up", "gateway", "worker", "keys", "keys-create", "bench", "bench-run"],
+    ids=["up", "gateway", "worker", "register", "keys", "keys-create", "bench", "bench-run"],
 )
 def test_each_subcommand_has_help(argv, expected_flags):
     result = kvgate(*argv, "--help")
@@ -147,8 +149,22 @@ def test_keys_create_refuses_a_tenant_the_config_would_not_load(tenant, message)
          "argument --block-size: expected a positive integer, got '0'"),
         (("worker", "--model", "default", "--port", "1", "--executor", "gpu"), "argument --executor: invalid choice"),
         (("up",), "the following arguments are required: --config"),
+        (("worker", "--model", "default", "--port", "1", "--register", "redis://127.0.0.1:1/0"),
+         "kvgate: --register needs --pool (the gateway pool to join)"),
+        (("worker", "--model", "default", "--port", "1", "--pool", "p"),
+         "kvgate: --pool needs --register (the Redis to register in)"),
+        (("register", "--redis", "http://x", "--pool", "p", "--name", "n", "--url", "http://127.0.0.1:1"),
+         "the registry must be a redis://, rediss:// or unix:// URL"),
+        (("register", "--redis", "redis://x", "--pool", "p", "--name", "n/1", "--url", "http://127.0.0.1:1"),
+         "kvgate: worker name 'n/1': must be letters, digits, '.', '_' or '-'"),
+        (("register", "--redis", "redis://x", "--pool", "p", "--name", "n", "--url", "127.0.0.1:1"),
+         "kvgate: --url '127.0.0.1:1': not an http(s) URL"),
+        (("register", "--redis", "redis://x", "--pool", "p", "--name", "n", "--url", "http://h:1",
+          "--registry-ttl", "1", "--heartbeat-interval", "2"), "must be positive and below the TTL"),
     ],
-    ids=["bad-port", "zero-block-size", "bad-executor", "missing-config"],
+    ids=["bad-port", "zero-block-size", "bad-executor", "missing-config", "register-without-pool",
+         "pool-without-register", "register-not-redis", "register-bad-name", "register-bad-url",
+         "register-interval-over-ttl"],
 )
 def test_bad_arguments_exit_2_with_a_clear_message(argv, message):
     result = kvgate(*argv)

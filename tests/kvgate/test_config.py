@@ -77,7 +77,8 @@ BAD = [
      "pools.default.model: required"),
     ("no-workers",
      "pools: {default: {model: m, workers: []}}",
-     "pools.default.workers: at least one worker is required"),
+     "pools.default.workers: at least one worker is required (or set redis.url, for a pool whose workers "
+     "register themselves)"),
     ("workers-not-a-list",
      "pools: {default: {model: m, workers: {name: a}}}",
      "pools.default.workers: expected a list, got a mapping"),
@@ -247,3 +248,9 @@ def test_loaded_config_is_frozen(tmp_path):
     config = load_config(write(tmp_path, MINIMAL), env={})
     with pytest.raises(AttributeError):
         config.gateway.port = 1
+
+
+def test_a_pool_without_configured_workers_loads_with_redis_for_workers_that_register(tmp_path):
+    config = load_config(write(tmp_path, "pools: {default: {model: m, workers: []}}\nredis: {url: 'redis://r:6379/0'}"))
+    assert config.pools["default"].workers == () and config.pools["default"].prompt_token_limit() is None
+    assert config.redis.registry_poll_interval_s == 0.5

@@ -312,3 +312,22 @@ def test_a_prompt_whose_prefix_every_cache_has_forgotten_goes_back_where_it_went
     again = parts.router.route(RouteRequest(model="m", prompt=PROMPT + [7]))
     assert again.decision.predicted_cached_tokens == 0  # nothing cached anywhere any more
     assert again.decision.worker_id == home
+
+
+def test_a_peer_replicas_decision_counts_as_this_routers_own(parts, clock) -> None:
+    """Another gateway replica sent PROMPT to w3: this router predicts it there (for the TTL the peer
+    gave), sends the prompt after it there, and keeps it home there once the prediction expires."""
+    keys = block_keys(PROMPT, 16, "m")
+    parts.router.peer_routed("w3", keys, 10.0)
+    assert parts.index.match(keys) == {"w3": (0, 4)}
+    assert parts.router.route(RouteRequest(model="m", prompt=PROMPT + [9])).decision.worker_id == "w3"
+    clock.advance(11.0)
+    assert parts.router.route(RouteRequest(model="m", prompt=PROMPT + [10])).decision.worker_id == "w3"
+    parts.router.peer_routed("gone", keys, None)  # a worker this router does not know: ignored
+
+
+def test_every_decision_is_told_to_on_routed(parts) -> None:
+    told = []
+    parts.router.on_routed = lambda worker, keys, ttl_s: told.append((worker, keys, ttl_s))
+    decision = parts.router.route(RouteRequest(model="m", prompt=PROMPT)).decision
+    assert told == [(decision.worker_id, tuple(block_keys(PROMPT, 16, "m")), 10.0)]

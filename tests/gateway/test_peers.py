@@ -1,0 +1,85 @@
+"""PeerLink (gateway/peers.py) on a real Redis: what one replica says reaches the others in
+milliseconds and never itself; an open breaker is there for a replica that starts later; with Redis
+gone the link says so and comes back on its own."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import redis.asyncio
+
+from gateway.peers import PeerLink
+
+
+class Heard:
+    def __init__(self) -> None:
+        self.routed: list[tuple[str, tuple[int, ...], float | None]] = []
+        self.breakers: list[tuple[str, str]] = []
+
+    def link(self, url: str, client) -> PeerLink:
+        return PeerLink(url, client, on_routed=lambda w, keys, ttl_s: self.routed.append((w, keys, ttl_s)),
+                        on_breaker=lambda w, state: self.breakers.append((w, state)), breaker_reset_s=30.0)
+
+
+async def until(condition, timeout_s: float = 2.0) -> float:
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout_s
+        await asyncio.sleep(0.005)
+    return time.monotonic() - started
+
+
+def test_decisions_and_breaker_changes_reach_the_other_replicas_and_not_the_sender(redis_server):
+    async def scenario():
+        client = redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=0.5)
+        heard = [Heard() for _ in range(3)]
+        links = [h.link(redis_server.url, client) for h in heard]
+        for link in links:
+            await link.start([])
+        await until(lambda: all(link.state == "redis" for link in links))
+        await asyncio.sleep(0.1)  # the subscriptions are in place
+        keys = (2**64 - 1, 0, 12345678901234567890)
+        links[0].routed("w1", keys, 10.0)
+        links[0].breaker_changed("w2", "open")
+        took = await until(lambda: all(h.routed and h.breakers for h in heard[1:]))
+        assert took < 0.5
+        assert all(h.routed == [("w1", keys, 10.0)] and h.breakers == [("w2", "open")] for h in heard[1:])
+        assert heard[0].routed == [] and heard[0].breakers == []
+        # a replica that starts later finds the breaker open
+        late = Heard()
+        late_link = late.link(redis_server.url, client)
+        await late_link.start(["w1", "w2"])
+        assert late.breakers == [("w2", "open")]
+        links[0].breaker_changed("w2", "closed")
+        await until(lambda: heard[1].breakers[-1] == ("w2", "closed"))
+        assert await client.get("kvgate:breaker:w2") is None
+        for link in (*links, late_link):
+            await link.aclose()
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_without_redis_records_are_dropped_and_the_link_recovers_when_redis_returns(redis_server):
+    async def scenario():
+        client = redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        sender, receiver = Heard(), Heard()
+        a, b = sender.link(redis_server.url, client), receiver.link(redis_server.url, client)
+        await a.start([])
+        await b.start([])
+        await until(lambda: a.state == b.state == "redis")
+        redis_server.stop()
+        a.routed("w1", (1, 2, 3), None)  # never waits: only the background publish fails
+        await until(lambda: a.state == "local" and b.state == "local", timeout_s=5)
+        redis_server.start()
+        await until(lambda: a.state == b.state == "redis", timeout_s=5)
+        assert a.records_dropped == 1  # decided while Redis was gone: stale once it is back
+        await asyncio.sleep(0.1)
+        a.routed("w1", (4, 5), None)
+        await until(lambda: receiver.routed == [("w1", (4, 5), None)])
+        await a.aclose()
+        await b.aclose()
+        await client.aclose()
+
+    asyncio.run(scenario())
