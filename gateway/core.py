@@ -76,13 +76,14 @@ class GatewayCore:
         routing = config.routing
         self.policy_watcher = None if routing.policies_file is None else PolicyFileWatcher(
             routing.policies_file, list(config.pools), self.router, self.metrics, routing.policies_watch_interval_s)
-        # with Redis: routing decisions and breaker changes shared with the other replicas, and workers
-        # that register themselves
+        # with Redis: routing decisions, load and breaker changes shared with the other replicas, and
+        # workers that register themselves
         self.peers = self.registry = None
         if self.redis is not None:
             self.peers = PeerLink(config.redis.url, self.redis, on_routed=self.router.peer_routed,
                                   on_breaker=self.fleet.peer_breaker_change,
-                                  breaker_reset_s=config.breaker.reset_timeout_s)
+                                  breaker_reset_s=config.breaker.reset_timeout_s, own_load=self.router.own_load,
+                                  on_load=self.router.peer_load, expire_loads=self.router.expire_peer_loads)
             self.router.on_routed = self.peers.routed
             self.fleet.on_breaker_change = self.peers.breaker_changed
             self.registry = RegistryWatcher(config, self.redis, self.fleet, DEFAULT_BLOCK_SIZE, self._pool_resized)

@@ -6,6 +6,10 @@ Every replica publishes on one pub/sub channel, `kvgate:peers`, and subscribes t
   for a decision of their own (Router.peer_routed), so a tenant's requests spread over replicas by
   a load balancer still meet on one worker's cache. Each replica still learns the confirmed cache
   from the workers' KV events itself;
+- its own load, every LOAD_INTERVAL_S while it changes (and at least every LOAD_REFRESH_S while
+  it is not nothing): per worker, its requests in flight, their uncached prefill tokens queued and
+  decodes running. The others add it to each worker's load (Router.peer_load), so N replicas weigh
+  cache against queues as one gateway would, and drop it after LOAD_EXPIRY_S of silence;
 - a breaker change (a worker's breaker opened or closed here): the others open or close theirs,
   so a worker one replica ejects is avoided by all within milliseconds. An open breaker is also
   written as a key that expires after the breaker's reset timeout, which a replica starting later
@@ -24,7 +28,7 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import msgpack
 
@@ -35,9 +39,12 @@ log = logging.getLogger("kvgate.gateway")
 CHANNEL = "kvgate:peers"
 BREAKER_KEY_PREFIX = "kvgate:breaker:"
 PUBLISH_INTERVAL_S = 0.002
+LOAD_INTERVAL_S = 0.05
+LOAD_REFRESH_S = 0.5
+LOAD_EXPIRY_S = 1.5
 RETRY_INTERVAL_S = 1.0
 MAX_PENDING = 10_000  # records held for one publish; beyond it (Redis slow) the oldest go
-_DISPATCH, _BREAKER = 0, 1
+_DISPATCH, _BREAKER, _LOAD = 0, 1, 2
 _LITTLE_ENDIAN = sys.byteorder == "little"
 
 
@@ -62,13 +69,17 @@ class PeerLink:
 
     def __init__(self, redis_url: str, publish_client, *,
                  on_routed: Callable[[str, tuple[int, ...], float | None], None],
-                 on_breaker: Callable[[str, str], None], breaker_reset_s: float) -> None:
+                 on_breaker: Callable[[str, str], None], breaker_reset_s: float,
+                 own_load: Callable[[], Mapping[str, tuple[int, int, int]]],
+                 on_load: Callable[[str, Mapping[str, tuple[int, int, int]]], None],
+                 expire_loads: Callable[[float], None]) -> None:
         self.replica_id = os.urandom(6).hex()
         self._url = redis_url
         self._client = publish_client  # the gateway's pooled client (short timeouts)
         self._on_routed = on_routed
         self._on_breaker = on_breaker
         self._breaker_reset_ms = max(1, int(breaker_reset_s * 1000))
+        self._own_load, self._on_load, self._expire_loads = own_load, on_load, expire_loads
         self._pending: list[list] = []
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -85,7 +96,8 @@ class PeerLink:
         """Read the breakers other replicas hold open, then publish and listen in the background."""
         await self._read_open_breakers(known_workers)
         self._tasks = [asyncio.create_task(self._publish_loop(), name="peers-publish"),
-                       asyncio.create_task(self._subscribe_loop(), name="peers-subscribe")]
+                       asyncio.create_task(self._subscribe_loop(), name="peers-subscribe"),
+                       asyncio.create_task(self._load_loop(), name="peers-load")]
 
     async def aclose(self) -> None:
         for task in self._tasks:
@@ -100,6 +112,20 @@ class PeerLink:
 
     def breaker_changed(self, worker_id: str, state: str) -> None:
         self._enqueue([_BREAKER, worker_id, state])
+
+    async def _load_loop(self) -> None:
+        """Report this replica's own load while it changes, refresh a standing one, expire silent peers'."""
+        loop = asyncio.get_running_loop()
+        last: dict = {}
+        sent_at = 0.0
+        while True:
+            await asyncio.sleep(LOAD_INTERVAL_S)
+            self._expire_loads(LOAD_EXPIRY_S)
+            report = {worker: counts for worker, counts in self._own_load().items() if any(counts)}
+            now = loop.time()
+            if report != last or (report and now - sent_at >= LOAD_REFRESH_S):
+                self._enqueue([_LOAD, "", report])
+                last, sent_at = report, now
 
     def _enqueue(self, record: list) -> None:
         pending = self._pending
@@ -173,6 +199,8 @@ class PeerLink:
                     self._on_routed(worker_id, _unpack_keys(value), *rest[:1])
                 elif kind == _BREAKER:
                     self._on_breaker(worker_id, value)
+                elif kind == _LOAD:
+                    self._on_load(sender, {w: tuple(counts) for w, counts in value.items()})
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             log.warning("ignored a malformed message on %s: %s", CHANNEL, exc)
 

@@ -49,6 +49,10 @@ class WorkerLoad:
     in_flight_requests: int = 0
     prefill_tokens_queued: int = 0
     decode_seqs_running: int = 0
+    # what other gateway replicas told of their own requests here (included in the three above)
+    peer_in_flight_requests: int = 0
+    peer_prefill_tokens_queued: int = 0
+    peer_decode_seqs_running: int = 0
     scraped_waiting_requests: int | None = None
     scraped_running_requests: int | None = None
     kv_usage_frac: float | None = None
@@ -79,13 +83,20 @@ class InFlight:
     finished: bool = False
 
 
+PeerLoad = tuple[int, int, int]
+"""A replica's own requests at one worker: (in flight, uncached prefill tokens queued, decodes running)."""
+
+
 class LoadView:
-    """Load per worker, updated the moment a request is dispatched and as it progresses."""
+    """Load per worker, updated the moment a request is dispatched and as it progresses, plus what
+    other gateway replicas report of their own requests (set_peer_load): each replica's latest
+    report is added in until it sends another, or until expire_peers() finds it too old."""
 
     def __init__(self, priors: LoadPriors = LoadPriors(), clock: Callable[[], float] = time.monotonic) -> None:
         self.priors = priors
         self._clock = clock
         self._loads: dict[str, WorkerLoad] = {}
+        self._peers: dict[str, tuple[float, dict[str, PeerLoad]]] = {}  # replica -> (received at, its report)
 
     def add_worker(self, worker_id: str) -> WorkerLoad:
         load = WorkerLoad(
@@ -97,6 +108,47 @@ class LoadView:
     def remove_worker(self, worker_id: str) -> None:
         """Forget a worker; attempts still in flight on it end without touching any live record."""
         self._loads.pop(worker_id, None)
+        for _, report in self._peers.values():
+            report.pop(worker_id, None)
+
+    # -- other replicas' requests ----------------------------------------------------------------
+
+    def own_load(self) -> dict[str, PeerLoad]:
+        """This view's own requests per worker (what peers add in taken out), for the other replicas."""
+        return {worker_id: (load.in_flight_requests - load.peer_in_flight_requests,
+                            load.prefill_tokens_queued - load.peer_prefill_tokens_queued,
+                            load.decode_seqs_running - load.peer_decode_seqs_running)
+                for worker_id, load in self._loads.items()}
+
+    def set_peer_load(self, replica: str, report: Mapping[str, PeerLoad]) -> None:
+        """Replica's latest report of its own requests (workers it does not name: none): it replaces
+        that replica's last report in every worker's load."""
+        _, before = self._peers.get(replica, (0.0, {}))
+        known = {w: tuple(counts) for w, counts in report.items() if w in self._loads}
+        for worker_id in before.keys() | known.keys():
+            old, new = before.get(worker_id, (0, 0, 0)), known.get(worker_id, (0, 0, 0))
+            if old != new:
+                self._add_peer(self._loads[worker_id], new[0] - old[0], new[1] - old[1], new[2] - old[2])
+        if known:
+            self._peers[replica] = (self._clock(), known)
+        else:
+            self._peers.pop(replica, None)
+
+    def expire_peers(self, max_age_s: float) -> None:
+        """Take out the reports of replicas silent for longer than max_age_s (stopped, or cut off)."""
+        cutoff = self._clock() - max_age_s
+        for replica in [r for r, (received, _) in self._peers.items() if received < cutoff]:
+            self.set_peer_load(replica, {})
+
+    @staticmethod
+    def _add_peer(load: WorkerLoad, in_flight: int, prefill_tokens: int, decodes: int) -> None:
+        load.in_flight_requests += in_flight
+        load.peer_in_flight_requests += in_flight
+        load.prefill_tokens_queued += prefill_tokens
+        load.peer_prefill_tokens_queued += prefill_tokens
+        load.decode_seqs_running += decodes
+        load.peer_decode_seqs_running += decodes
+        load.count_requests()
 
     def get(self, worker_id: str) -> WorkerLoad:
         return self._loads.get(worker_id) or self.add_worker(worker_id)

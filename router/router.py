@@ -249,6 +249,19 @@ class Router:
             self.on_routed(chosen, keys, ttl_s)
         return RouteTicket(ranked, self._books, cached_tokens_at, prediction)
 
+    def own_load(self) -> dict[str, tuple[int, int, int]]:
+        """This router's own requests per worker (in flight, uncached prefill tokens queued, decodes
+        running), for the other replicas' peer_load()."""
+        return self._load.own_load()
+
+    def peer_load(self, replica: str, report: Mapping[str, tuple[int, int, int]]) -> None:
+        """Another replica's own requests per worker (its own_load()): counted in each worker's load
+        until it reports again or expire_peer_loads() finds it silent too long."""
+        self._load.set_peer_load(replica, report)
+
+    def expire_peer_loads(self, max_age_s: float) -> None:
+        self._load.expire_peers(max_age_s)
+
     def peer_routed(self, worker_id: str, keys: Sequence[int], ttl_s: float | None = None) -> None:
         """Another gateway replica just sent a prompt with these block keys to worker_id: remember
         it as this router's own decision would be (predicted cache there until its TTL or the

@@ -13,13 +13,20 @@ from gateway.peers import PeerLink
 
 
 class Heard:
+    """One replica's side: what it reports as its own load, and what it heard from the others."""
+
     def __init__(self) -> None:
         self.routed: list[tuple[str, tuple[int, ...], float | None]] = []
         self.breakers: list[tuple[str, str]] = []
+        self.own: dict[str, tuple[int, int, int]] = {}
+        self.loads: dict[str, dict] = {}  # sender -> its last report
+        self.expiries: list[float] = []
 
     def link(self, url: str, client) -> PeerLink:
         return PeerLink(url, client, on_routed=lambda w, keys, ttl_s: self.routed.append((w, keys, ttl_s)),
-                        on_breaker=lambda w, state: self.breakers.append((w, state)), breaker_reset_s=30.0)
+                        on_breaker=lambda w, state: self.breakers.append((w, state)), breaker_reset_s=30.0,
+                        own_load=lambda: self.own, on_load=self.loads.__setitem__,
+                        expire_loads=self.expiries.append)
 
 
 async def until(condition, timeout_s: float = 2.0) -> float:
@@ -78,6 +85,28 @@ def test_without_redis_records_are_dropped_and_the_link_recovers_when_redis_retu
         await asyncio.sleep(0.1)
         a.routed("w1", (4, 5), None)
         await until(lambda: receiver.routed == [("w1", (4, 5), None)])
+        await a.aclose()
+        await b.aclose()
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_each_replica_reports_its_own_load_while_it_changes_and_the_others_hear_it(redis_server):
+    async def scenario():
+        client = redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=0.5)
+        sender, receiver = Heard(), Heard()
+        a, b = sender.link(redis_server.url, client), receiver.link(redis_server.url, client)
+        await a.start([])
+        await b.start([])
+        await until(lambda: a.state == b.state == "redis")
+        await asyncio.sleep(0.1)
+        sender.own = {"w1": (2, 300, 1), "w2": (0, 0, 0)}  # an idle worker is not reported
+        await until(lambda: receiver.loads.get(a.replica_id) == {"w1": (2, 300, 1)})
+        sender.own = {"w1": (0, 0, 0), "w2": (0, 0, 0)}  # all done: an empty report takes it back
+        await until(lambda: receiver.loads.get(a.replica_id) == {})
+        assert a.replica_id not in sender.loads  # never told to itself
+        assert receiver.expiries and set(receiver.expiries) == {1.5}  # silent peers are expired meanwhile
         await a.aclose()
         await b.aclose()
         await client.aclose()

@@ -178,3 +178,37 @@ def test_with_redis_gone_registered_workers_keep_serving_and_ready_says_what_is_
                    "every kind of state shared again")
         assert in_rotation(gateway.url, "registered-2")
         assert "degraded" not in httpx.get(f"{gateway.url}/ready").json()
+
+
+def test_a_replica_counts_the_requests_other_replicas_have_in_flight_at_each_worker(tmp_path, redis_server):
+    """Two streams held open through one replica on the worker the other replica picks among idle
+    ones; asked without a session (least load), the other replica sends every probe elsewhere: it
+    counts the first replica's streams. Without shared load it would pick that worker again."""
+    with ExitStack() as stack:
+        workers = [stack.enter_context(running(fake_worker_process("trickle"))) for _ in range(2)]
+        config = replica_config([worker_entry(f"w{i}", w.url) for i, w in enumerate(workers)], redis_server.url,
+                                replicas=2)
+        config["pools"]["default"]["policy"] = {"type": "session_affinity"}
+        first, second = (start_gateway(stack, config, tmp_path) for _ in range(2))
+        client = stack.enter_context(httpx.Client(timeout=10))
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 500, "stream": True}
+
+        def probe() -> str:
+            with client.stream("POST", f"{second.url}/v1/completions", json=body,
+                               headers={"Authorization": f"Bearer {API_KEY}"}) as response:
+                return response.headers["x-kvgate-worker"]
+
+        idle_choice = probe()
+        held = []
+        for i in range(20):  # a session whose worker is the one the second replica picks among idle ones
+            headers = {"Authorization": f"Bearer {API_KEY}", "X-Session-Id": f"session-{i}"}
+            streams = [client.stream("POST", f"{first.url}/v1/completions", headers=headers, json=body)
+                       for _ in range(2)]
+            held = [stack.enter_context(stream) for stream in streams]
+            if all(r.headers["x-kvgate-worker"] == idle_choice for r in held):
+                break
+            for response in held:
+                response.close()
+        assert {r.headers["x-kvgate-worker"] for r in held} == {idle_choice}
+        time.sleep(0.3)  # a load report or two
+        assert all(probe() != idle_choice for _ in range(4))

@@ -135,3 +135,32 @@ def test_the_first_rate_samples_are_averaged_then_weighted_by_ewma_alpha(clock) 
         rates.append(loads.get("w0").prefill_tokens_per_s)
     assert rates[:5] == pytest.approx([250.0, 375.0, 1000 / 3, 312.5, 300.0])  # running mean (the 5th: 1/5 = alpha)
     assert rates[5] == pytest.approx(0.8 * 300.0 + 0.2 * 250.0)
+
+
+def test_peer_replicas_requests_count_in_the_load_until_they_report_again_or_go_silent(loads: LoadView,
+                                                                                         clock) -> None:
+    own = loads.on_dispatch("w1", prefill_tokens=100)
+    loads.set_peer_load("r2", {"w1": (2, 300, 1), "unknown": (9, 9, 9)})
+    load = loads.get("w1")
+    assert (load.in_flight_requests, load.prefill_tokens_queued, load.decode_seqs_running) == (3, 400, 1)
+    assert load.num_requests == 3
+    assert loads.own_load()["w1"] == (1, 100, 0)  # what this view tells its peers: its own requests only
+    loads.set_peer_load("r2", {"w1": (1, 0, 1)})  # a newer report replaces the last
+    assert (load.in_flight_requests, load.prefill_tokens_queued) == (2, 100)
+    loads.on_first_token(own)
+    assert loads.own_load()["w1"] == (1, 0, 1) and load.decode_seqs_running == 2
+    clock.advance(2.0)
+    loads.set_peer_load("r3", {"w1": (1, 50, 0)})
+    loads.expire_peers(max_age_s=1.5)  # r2 went silent 2 s ago; r3 just reported
+    assert (load.in_flight_requests, load.prefill_tokens_queued, load.decode_seqs_running) == (2, 50, 1)
+    loads.set_peer_load("r3", {})  # nothing in flight there any more
+    assert (load.in_flight_requests, load.prefill_tokens_queued, load.decode_seqs_running) == (1, 0, 1)
+    assert (load.peer_in_flight_requests, load.peer_prefill_tokens_queued, load.peer_decode_seqs_running) == (0, 0, 0)
+
+
+def test_a_worker_removed_and_added_again_starts_without_the_peers_old_reports(loads: LoadView) -> None:
+    loads.set_peer_load("r2", {"w1": (2, 300, 1)})
+    loads.remove_worker("w1")
+    loads.add_worker("w1")
+    loads.set_peer_load("r2", {"w1": (1, 10, 0)})
+    assert (loads.get("w1").in_flight_requests, loads.get("w1").prefill_tokens_queued) == (1, 10)
