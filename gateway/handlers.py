@@ -73,6 +73,6 @@ class ServiceEndpoints:
 _LOCAL_STATE_NOTES = {
     "tenant_limits": "tenant limits local: each replica enforces its share until Redis answers",
     "retry_budgets": "retry budgets local: each replica spends its share until Redis answers",
-    "peers": "routing decisions and breaker changes not shared with other replicas until Redis answers",
+    "peers": "routing decisions, load and breaker changes not shared with other replicas until Redis answers",
     "registry": "worker registry unreadable: registered workers stay as they were until Redis answers",
 }

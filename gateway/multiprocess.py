@@ -23,7 +23,7 @@ covers only its own Counter/Gauge/Histogram classes, not the collectors that rea
 admission state at scrape time, nor gateway/loop_metrics.py's series.
 
 Shared state: N > 1 needs redis.url (kvgate/cli.py refuses it otherwise), so the processes share
-what replicas share (API keys, tenant limits, retry budgets, routing decisions, breakers, the
+what replicas share (API keys, tenant limits, retry budgets, routing decisions, load, breakers, the
 worker registry: docs/architecture.md); redis.replicas counts hosts, and each process keeps 1 /
 (replicas x N) of a tenant's limits while Redis is unreachable. Each process runs its own health
 checks, KV-event subscriptions and adaptive pool limits, as separate replicas do.

@@ -1,4 +1,4 @@
-"""What gateway replicas tell each other through Redis: routing decisions and breaker changes.
+"""What gateway replicas tell each other through Redis: routing decisions, load and breaker changes.
 
 Every replica publishes on one pub/sub channel, `kvgate:peers`, and subscribes to it:
 - a dispatch record for every routing decision (worker, the prompt's block keys there): the others
@@ -223,11 +223,11 @@ class PeerLink:
             was = self.state
             self._down.add(part)
             if was != self.state:
-                log.warning("Redis unreachable (%s): routing decisions and breaker changes are not shared with "
-                            "other replicas until it answers", exc)
+                log.warning("Redis unreachable (%s): routing decisions, load and breaker changes are not shared "
+                            "with other replicas until it answers", exc)
 
     def _set_up(self, part: str) -> None:
         if part in self._down:
             self._down.discard(part)
             if not self._down:
-                log.info("routing decisions and breaker changes are shared with other replicas again")
+                log.info("routing decisions, load and breaker changes are shared with other replicas again")
