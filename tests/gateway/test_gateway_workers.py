@@ -171,7 +171,7 @@ def test_sigterm_stops_every_process_and_the_parent_exits_0(gateways):
     assert running_pids(str(gateways.config_path)) == []
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{gateways.url}/health", timeout=2)
-    assert "ignored SIGTERM" not in gateways.output()
+    assert "ignored SIGTERM" not in gateways.output(), gateways.output()
 
 
 @pytest.mark.slow

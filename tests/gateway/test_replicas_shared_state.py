@@ -35,6 +35,16 @@ def register_sidecar(redis_url: str, name: str, worker_url: str) -> Process:
     return Process(argv, worker_url)
 
 
+def gateway_with_a_registered_worker(stack: ExitStack, tmp_path, redis_url: str, name: str) -> tuple[Process, Process]:
+    """One gateway whose pool lists no worker, and a fake worker registered by a sidecar, in rotation."""
+    worker = stack.enter_context(running(fake_worker_process("answer")))
+    gateway = start_gateway(stack, replica_config([], redis_url, replicas=1), tmp_path, ready=False)
+    sidecar = register_sidecar(redis_url, name, worker.url)
+    stack.callback(sidecar.stop)
+    wait_until(lambda: in_rotation(gateway.url, name), 10, "registered worker in rotation")
+    return gateway, sidecar
+
+
 def served_by(gateway_url: str, prompt: str) -> str:
     response = httpx.post(f"{gateway_url}/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"},
                           json={"model": MODEL, "prompt": prompt, "max_tokens": 1}, timeout=10)
@@ -81,11 +91,7 @@ def test_a_registered_worker_is_used_by_every_replica_and_dropped_by_all_when_it
 
 def test_a_worker_that_stops_cleanly_is_withdrawn_at_once(tmp_path, redis_server):
     with ExitStack() as stack:
-        worker = stack.enter_context(running(fake_worker_process("answer")))
-        gateway = start_gateway(stack, replica_config([], redis_server.url, replicas=1), tmp_path, ready=False)
-        sidecar = register_sidecar(redis_server.url, "registered-1", worker.url)
-        stack.callback(sidecar.stop)
-        wait_until(lambda: in_rotation(gateway.url, "registered-1"), 10, "registered worker in rotation")
+        gateway, sidecar = gateway_with_a_registered_worker(stack, tmp_path, redis_server.url, "registered-1")
         sidecar.proc.send_signal(signal.SIGTERM)
         assert sidecar.proc.wait(timeout=10) == 0
         took = wait_until(lambda: not in_rotation(gateway.url, "registered-1"), TTL_S, "withdrawn worker dropped")
@@ -159,11 +165,7 @@ def test_kvgate_worker_register_joins_the_pool_with_its_model_and_kv_events(tmp_
 
 def test_with_redis_gone_registered_workers_keep_serving_and_ready_says_what_is_local(tmp_path, redis_server):
     with ExitStack() as stack:
-        worker = stack.enter_context(running(fake_worker_process("answer")))
-        gateway = start_gateway(stack, replica_config([], redis_server.url, replicas=1), tmp_path, ready=False)
-        sidecar = register_sidecar(redis_server.url, "registered-2", worker.url)
-        stack.callback(sidecar.stop)
-        wait_until(lambda: in_rotation(gateway.url, "registered-2"), 10, "registered worker in rotation")
+        gateway, sidecar = gateway_with_a_registered_worker(stack, tmp_path, redis_server.url, "registered-2")
         redis_server.stop()
         wait_until(lambda: metric_value(gateway.url, "kvgate_shared_state", part="registry") == 0, 5,
                    "registry reported local")
