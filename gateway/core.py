@@ -38,6 +38,7 @@ from router.types import WorkerSpec
 log = logging.getLogger("kvgate.gateway")
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default, for remote workers that say nothing else
+SLOW_STOP_STEP_S = 1.0
 
 
 class GatewayCore:
@@ -103,22 +104,27 @@ class GatewayCore:
             self._tasks.append(asyncio.create_task(self.policy_watcher.run(), name="policy-file-watcher"))
 
     async def stop(self) -> None:
+        """Stop the background work and close the clients, in order; a step slower than
+        SLOW_STOP_STEP_S is logged by name (a stop that hangs says where)."""
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.admission.limits.settled()
-        await self.admission.stop_budget_sync()
+        steps = [("background tasks", lambda: asyncio.gather(*self._tasks, return_exceptions=True)),
+                 ("tenant limit updates", self.admission.limits.settled),
+                 ("retry budget sync", self.admission.stop_budget_sync)]
         if self.peers is not None:
-            await self.peers.aclose()
+            steps.append(("peer link", self.peers.aclose))
         if isinstance(self.buckets, SharedBuckets):
-            await self.buckets.aclose()
-        await self.fleet.stop()
-        await self.upstream.aclose()
-        self.offload.close()
-        await self.http.aclose()
-        await self.keys.aclose()
+            steps.append(("shared limits probe", self.buckets.aclose))
+        steps += [("fleet", self.fleet.stop), ("upstream client", self.upstream.aclose),
+                  ("offload threads", lambda: asyncio.to_thread(self.offload.close)),
+                  ("health client", self.http.aclose), ("key store", self.keys.aclose)]
         if self.redis is not None:
-            await self.redis.aclose()
+            steps.append(("redis client", self.redis.aclose))
+        for name, step in steps:
+            started = time.monotonic()
+            await step()
+            if (took_s := time.monotonic() - started) > SLOW_STOP_STEP_S:
+                log.warning("stopping: %s took %.1f s", name, took_s)
 
     def reload_policies(self) -> None:
         """SIGHUP: reload routing.policies_file now (signal-safe); without one, say so in the log."""
