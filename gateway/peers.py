@@ -42,6 +42,7 @@ PUBLISH_INTERVAL_S = 0.002
 LOAD_INTERVAL_S = 0.05
 LOAD_REFRESH_S = 0.5
 LOAD_EXPIRY_S = 1.5
+STOP_WAIT_S = 1.0
 RETRY_INTERVAL_S = 1.0
 MAX_PENDING = 10_000  # records held for one publish; beyond it (Redis slow) the oldest go
 _DISPATCH, _BREAKER, _LOAD = 0, 1, 2
@@ -86,6 +87,8 @@ class PeerLink:
         self._down: set[str] = set()  # "publish" and/or "subscribe" while they fail
         self.records_dropped = 0
         self.records_received = 0
+        self._subscriber = None  # the subscribe loop's own client while it has one
+        self._closing = False
 
     @property
     def state(self) -> str:
@@ -100,9 +103,19 @@ class PeerLink:
                        asyncio.create_task(self._load_loop(), name="peers-load")]
 
     async def aclose(self) -> None:
+        """Stop the tasks, never waiting long: a read blocked on the subscriber's socket may not end at
+        its first cancellation, so its connection is closed under it."""
+        self._closing = True
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        _, pending = await asyncio.wait(self._tasks, timeout=STOP_WAIT_S) if self._tasks else (set(), set())
+        if pending and self._subscriber is not None:
+            await asyncio.wait([asyncio.ensure_future(self._subscriber.aclose())], timeout=STOP_WAIT_S)
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=STOP_WAIT_S)
+        if pending:
+            log.warning("peer link: %s did not stop", ", ".join(t.get_name() for t in pending))
         self._tasks = []
 
     # -- what this replica says -----------------------------------------------------------------
@@ -171,9 +184,10 @@ class PeerLink:
     async def _subscribe_loop(self) -> None:
         import redis.asyncio
 
-        while True:
+        while not self._closing:
             # its own connection, without the request path's read timeout: a quiet channel is not an error
-            client = redis.asyncio.Redis.from_url(self._url, socket_connect_timeout=0.5, health_check_interval=5)
+            client = self._subscriber = redis.asyncio.Redis.from_url(self._url, socket_connect_timeout=0.5,
+                                                                     health_check_interval=5)
             try:
                 async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
                     await pubsub.subscribe(CHANNEL)
@@ -185,8 +199,10 @@ class PeerLink:
             except REDIS_ERRORS as exc:
                 self._set_down("subscribe", exc)
             finally:
+                self._subscriber = None
                 await client.aclose()
-            await asyncio.sleep(RETRY_INTERVAL_S)
+            if not self._closing:
+                await asyncio.sleep(RETRY_INTERVAL_S)
 
     def _apply(self, data: bytes) -> None:
         try:
