@@ -12,6 +12,7 @@ import redis
 import redis.asyncio
 
 from admission.token_bucket import BucketSpec, LocalBuckets
+from kvgate.tasks import stop_tasks
 
 # LocalBuckets' take/adjust on a hash {tokens, updated_us}. KEYS[1]: the bucket.
 # ARGV: rate_per_s, burst, amount, op ("take" or "adjust"). Returns the wait in seconds, as a string
@@ -144,10 +145,8 @@ class SharedBuckets:
 
     async def aclose(self) -> None:
         """Stop the probe (at shutdown); the Redis client is its owner's to close."""
-        if self._probe is not None:
-            self._probe.cancel()
-            await asyncio.gather(self._probe, return_exceptions=True)
-            self._probe = None
+        await stop_tasks([self._probe])
+        self._probe = None
 
     def _go_local(self) -> LocalBuckets:
         if self._local is None:

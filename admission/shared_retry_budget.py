@@ -16,6 +16,7 @@ import redis.asyncio
 
 from admission.redis_buckets import REDIS_ERRORS, wait_until_redis_answers
 from admission.retry_budget import RetryBudget, RetryBudgetConfig
+from kvgate.tasks import stop_tasks
 
 # KEYS[1]: the pool's key prefix (with a {hash tag}, so all its seconds share one cluster slot); each
 # second is a hash {requests, retries} under it. ARGV: requests and retries to add, window_s.
@@ -196,10 +197,8 @@ class SharedRetryBudget:
 
     async def aclose(self) -> None:
         """Stop syncing (at shutdown); the Redis client is its owner's to close."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await stop_tasks([self._task])
+        self._task = None
 
     def _within_share(self, view: FleetView) -> bool:
         unseen_requests = self._pending.requests + self._sending.requests

@@ -31,6 +31,7 @@ from gateway.metrics import GatewayMetrics
 from kvgate.api_error import ApiError
 from kvgate.config import AuthConfig
 from kvgate.keys import REDIS_KEYS_HASH, hash_key
+from kvgate.tasks import stop_tasks
 
 log = logging.getLogger("kvgate.gateway")
 
@@ -126,10 +127,7 @@ class KeyStore:
 
     async def aclose(self) -> None:
         """Stop the background probe (at shutdown); the Redis client is its owner's to close."""
-        for task in [self._probe, *self._lookups.values()]:
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        await stop_tasks([self._probe, *self._lookups.values()])
         self._probe = None
 
     def _match_local(self, digest: bytes) -> str | None:

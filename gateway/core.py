@@ -31,6 +31,7 @@ from gateway.routing_config import PolicyFileWatcher, prompt_token_limits, routi
 from gateway.upstream_http import KEEPALIVE_EXPIRY_S, UpstreamClient
 from kvgate.config import KvgateConfig
 from kvgate.offload import Offloader
+from kvgate.tasks import stop_tasks
 from router.router import Router
 from router.tokenization import RoutingTokenizer
 from router.types import WorkerSpec
@@ -106,9 +107,7 @@ class GatewayCore:
     async def stop(self) -> None:
         """Stop the background work and close the clients, in order; a step slower than
         SLOW_STOP_STEP_S is logged by name (a stop that hangs says where)."""
-        for task in self._tasks:
-            task.cancel()
-        steps = [("background tasks", lambda: asyncio.gather(*self._tasks, return_exceptions=True)),
+        steps = [("background tasks", lambda: stop_tasks(self._tasks)),
                  ("tenant limit updates", self.admission.limits.settled),
                  ("retry budget sync", self.admission.stop_budget_sync)]
         if self.peers is not None:

@@ -24,6 +24,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.outliers import OutlierDetector
 from kvgate.config import KvgateConfig, WorkerConfig
 from kvgate.kv_endpoints import replay_endpoint
+from kvgate.tasks import stop_tasks
 from router.router import Router
 from router.subscriber import KvEventSubscriber
 from router.types import WorkerSpec
@@ -86,9 +87,7 @@ class Fleet:
         self._tasks.append(asyncio.create_task(self._health_loop(), name="health-checks"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop_tasks(self._tasks)
         for worker in self.workers.values():
             if worker.subscriber is not None:
                 await worker.subscriber.stop()

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 import msgpack
 
 from admission.redis_buckets import REDIS_ERRORS, wait_until_redis_answers
+from kvgate.tasks import stop_tasks
 
 log = logging.getLogger("kvgate.gateway")
 
@@ -103,17 +104,13 @@ class PeerLink:
                        asyncio.create_task(self._load_loop(), name="peers-load")]
 
     async def aclose(self) -> None:
-        """Stop the tasks, never waiting long: a read blocked on the subscriber's socket may not end at
-        its first cancellation, so its connection is closed under it."""
+        """Stop the tasks, never waiting long: a read still blocked on the subscriber's socket after
+        STOP_WAIT_S of cancels has its connection closed under it."""
         self._closing = True
-        for task in self._tasks:
-            task.cancel()
-        _, pending = await asyncio.wait(self._tasks, timeout=STOP_WAIT_S) if self._tasks else (set(), set())
+        pending = await stop_tasks(self._tasks, timeout_s=STOP_WAIT_S)
         if pending and self._subscriber is not None:
             await asyncio.wait([asyncio.ensure_future(self._subscriber.aclose())], timeout=STOP_WAIT_S)
-            for task in pending:
-                task.cancel()
-            _, pending = await asyncio.wait(pending, timeout=STOP_WAIT_S)
+            pending = await stop_tasks(pending, timeout_s=STOP_WAIT_S)
         if pending:
             log.warning("peer link: %s did not stop", ", ".join(t.get_name() for t in pending))
         self._tasks = []

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
+from kvgate.tasks import stop_tasks
 from router.kv_events import KvEventBatch, KvEventDecodeError, decode_batch, decode_seq, encode_seq
 from router.kv_index import KvIndex
 
@@ -98,13 +99,8 @@ class KvEventSubscriber:
         return self._task
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await stop_tasks([self._task])
+        self._task = None
         if self._socket is not None:
             self._socket.close()
             self._socket = None
@@ -115,8 +111,7 @@ class KvEventSubscriber:
         try:
             await self._receive(socket)
         finally:
-            reconnecting.cancel()
-            await asyncio.gather(reconnecting, return_exceptions=True)
+            await stop_tasks([reconnecting])
             socket.disable_monitor()
             drops.close()
 
