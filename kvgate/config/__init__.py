@@ -16,12 +16,14 @@ from kvgate.config.schema import (
     KvgateConfig,
     LaunchConfig,
     LimitsConfig,
+    LoggingConfig,
     OutlierConfig,
     PolicyConfig,
     PoolConfig,
     RedisConfig,
     RoutingConfig,
     ServerConfig,
+    TracingConfig,
     UpstreamConfig,
     WorkerConfig,
 )
@@ -39,8 +41,8 @@ def load_policy_file(path: str | Path, env: Mapping[str, str] | None = None) -> 
 
 __all__ = [
     "ApiKeyConfig", "AuthConfig", "BreakerConfig", "ConfigError", "HealthConfig", "KvgateConfig", "LaunchConfig",
-    "LimitsConfig", "OutlierConfig", "PolicyConfig", "PolicyFileConfig", "PoolAdmissionConfig", "PoolConfig",
+    "LimitsConfig", "LoggingConfig", "OutlierConfig", "PolicyConfig", "PolicyFileConfig", "PoolAdmissionConfig", "PoolConfig",
     "PricesConfig", "RedisConfig", "RoutingConfig", "RuleConfig", "RuleMatchConfig", "ServerConfig", "TenantConfig",
-    "UpstreamConfig", "WorkerConfig",
+    "TracingConfig", "UpstreamConfig", "WorkerConfig",
     "build", "load_config", "load_policy_file",
 ]

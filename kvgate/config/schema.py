@@ -116,6 +116,36 @@ class RedisConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TracingConfig:
+    """OpenTelemetry traces (kvgate/tracing.py), for the gateway and the workers `kvgate up` starts.
+    exporter: none | console | otlp (OTLP over HTTP/protobuf to endpoint, a collector's base URL such
+    as http://collector:4318); sample_ratio: the share of new traces kept (a caller's sampled
+    traceparent is always followed). A setting left out falls back to the standard OTEL_* variables
+    (OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT, OTEL_TRACES_SAMPLER[_ARG]); with
+    neither, tracing is off and costs nothing."""
+
+    exporter: Literal["none", "console", "otlp"] | None = None
+    endpoint: str | None = None
+    sample_ratio: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.endpoint is not None:
+            check_http_url(self.endpoint)
+        if self.sample_ratio is not None and not 0.0 <= self.sample_ratio <= 1.0:
+            raise ConfigError("sample_ratio", "must be in [0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
+class LoggingConfig:
+    """Request log lines (kvgate/request_log.py): requests writes one JSON line per request at the
+    gateway and at the workers `kvgate up` starts; prompt_token_ids adds the prompt's token ids to
+    each line (for debugging a tokenizer mismatch; off by default; text is never logged)."""
+
+    requests: bool = True
+    prompt_token_ids: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class LaunchConfig:
     """How `kvgate up` starts this worker on the local machine (omit for remote workers)."""
 
@@ -324,8 +354,8 @@ class PoolConfig:
 
 @dataclass(frozen=True, slots=True)
 class KvgateConfig:
-    """The whole file: the gateway's server, limits, upstream, auth, redis, routing, health, pools
-    and tenants."""
+    """The whole file: the gateway's server, limits, upstream, auth, redis, routing, health, pools,
+    tenants, tracing and request logs."""
 
     pools: dict[str, PoolConfig]
     tenants: dict[str, TenantConfig] = field(default_factory=dict)
@@ -338,6 +368,8 @@ class KvgateConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     outliers: OutlierConfig = field(default_factory=OutlierConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self) -> None:
         if not self.pools:
