@@ -23,14 +23,14 @@ from kvgate.api_error import ApiError
 
 def build_middleware(core: GatewayCore, keys: KeyStore, completions: dict[str, ProxyEndpoint]) -> list[Middleware]:
     """Outermost first, each refusing before the next does any work: header limits (before anything
-    reads a header), request id + trace context, auth (HTTP and WebSocket alike), body limits (only a
+    reads a header), request id + trace context + the request's log line, auth (HTTP and WebSocket alike), body limits (only a
     known client's body is read); then the completion endpoints, reached without Starlette's router
     (every other path goes on to it). Admission is the completion endpoint's first step, once the
     body says which pool a request is for (gateway/proxy.py: parse -> admit -> route -> proxy)."""
     return [
         Middleware(HeaderLimitsMiddleware, limits=core.config.limits),
-        Middleware(RequestContextMiddleware),
-        Middleware(AuthMiddleware, keys=keys, metrics=core.metrics),
+        Middleware(RequestContextMiddleware, telemetry=core.telemetry),
+        Middleware(AuthMiddleware, keys=keys, metrics=core.metrics, tracer=core.telemetry.tracer),
         Middleware(BodyLimitsMiddleware, limits=core.config.limits),
         Middleware(CompletionPaths, endpoints=completions),
     ]
@@ -58,7 +58,8 @@ def completion_endpoints(core: GatewayCore) -> dict[str, ProxyEndpoint]:
                                 upstream=core.upstream, settings=core.config.upstream, metrics=core.metrics,
                                 prices=prices, tokenizers=core.tokenizers, models=core.models,
                                 debug_header_for=core.config.routing.debug_header_for, rng=core.rng,
-                                offload=core.offload, longest_prompt_tokens=core.longest_prompt_tokens)
+                                offload=core.offload, longest_prompt_tokens=core.longest_prompt_tokens,
+                                telemetry=core.telemetry)
             for path in KINDS}
 
 

@@ -23,11 +23,13 @@ import time
 from collections import OrderedDict
 from typing import Callable, Generic, TypeVar
 
+from opentelemetry.trace import Tracer
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
 
 from admission.redis_buckets import REDIS_ERRORS, wait_until_redis_answers
 from gateway.metrics import GatewayMetrics
+from gateway.telemetry import step_span
 from kvgate.api_error import ApiError
 from kvgate.config import AuthConfig
 from kvgate.keys import REDIS_KEYS_HASH, hash_key
@@ -215,10 +217,12 @@ class AuthMiddleware:
     Redis could tell) and WebSocket connections without one (closed before accept: the server
     answers 403); sets scope['state']['tenant']. Only lifespan events pass unchecked."""
 
-    def __init__(self, app: ASGIApp, keys: KeyStore, metrics: GatewayMetrics | None = None) -> None:
+    def __init__(self, app: ASGIApp, keys: KeyStore, metrics: GatewayMetrics | None = None,
+                 tracer: Tracer | None = None) -> None:
         self.app = app
         self.keys = keys
         self.metrics = metrics
+        self.tracer = tracer  # an `auth` span per request while tracing is on
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan" or (scope["type"] == "http" and scope["path"] in OPEN_PATHS):
@@ -226,7 +230,10 @@ class AuthMiddleware:
             return
         key = presented_key(scope["headers"])
         try:
-            tenant = await self.keys.tenant_for(key) if key is not None else None
+            with step_span(self.tracer, "auth") as span:
+                tenant = await self.keys.tenant_for(key) if key is not None else None
+                if span is not None:
+                    span.set_attribute("kvgate.tenant", tenant or UNAUTHENTICATED_TENANT)
         except KeysUnavailable:
             await self._refuse(scope, receive, send, ApiError(
                 503, "API keys cannot be checked now (the key store is unreachable); retry shortly.",
@@ -238,7 +245,10 @@ class AuthMiddleware:
             await self._refuse(scope, receive, send, ApiError(401, message, "authentication_error",
                                                               code="invalid_api_key"))
             return
-        scope.setdefault("state", {})["tenant"] = tenant
+        state = scope.setdefault("state", {})
+        state["tenant"] = tenant
+        if (record := state.get("log")) is not None:
+            record["tenant"] = tenant
         await self.app(scope, receive, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, error: ApiError) -> None:
@@ -246,6 +256,9 @@ class AuthMiddleware:
             await WebSocketClose(code=_POLICY_VIOLATION, reason=error.message[:100])(scope, receive, send)
             return
         if self.metrics is not None:  # counted, so error-ratio panels see refused clients too
-            self.metrics.child(self.metrics.requests, UNAUTHENTICATED_TENANT, "unknown", str(error.status)).inc()
+            self.metrics.child(self.metrics.requests, UNAUTHENTICATED_TENANT, "unknown", "none",
+                               str(error.status)).inc()
+        if (record := scope.get("state", {}).get("log")) is not None:
+            record.update(tenant=UNAUTHENTICATED_TENANT, outcome=error.code, error=error.message)
         headers = {"www-authenticate": "Bearer"} if error.status == 401 else None
         await error.response(headers)(scope, receive, send)

@@ -28,6 +28,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.peers import PeerLink
 from gateway.registry_watch import RegistryWatcher
 from gateway.routing_config import PolicyFileWatcher, prompt_token_limits, routing_rules, tenant_cache_salts
+from gateway.telemetry import Telemetry
 from gateway.upstream_http import KEEPALIVE_EXPIRY_S, UpstreamClient
 from kvgate.config import KvgateConfig
 from kvgate.offload import Offloader
@@ -50,6 +51,7 @@ class GatewayCore:
         self.config = config
         self.started_at = int(time.time())  # the models' `created` (a gateway serves them from then)
         self.metrics = GatewayMetrics()
+        self.telemetry = Telemetry.from_config(config)
         self.rng = rng or random.Random()
         self.http = http or httpx.AsyncClient(
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024, keepalive_expiry=KEEPALIVE_EXPIRY_S))
@@ -73,6 +75,7 @@ class GatewayCore:
         self.models = {pool.model: name for name, pool in config.pools.items()}
         self.metrics.start_series(config.pools, self.fleet.workers)
         self.metrics.watch_router(self.router.stats)
+        self.metrics.watch_kv_events(self.fleet.kv_events_applied)
         self.metrics.watch_admission(lambda: {name: pool.state() for name, pool in self.admission.pools.items()},
                                      shared_limits=self.limits_shared)
         routing = config.routing
@@ -116,7 +119,8 @@ class GatewayCore:
             steps.append(("shared limits probe", self.buckets.aclose))
         steps += [("fleet", self.fleet.stop), ("upstream client", self.upstream.aclose),
                   ("offload threads", lambda: asyncio.to_thread(self.offload.close)),
-                  ("health client", self.http.aclose), ("key store", self.keys.aclose)]
+                  ("health client", self.http.aclose), ("key store", self.keys.aclose),
+                 ("trace export", lambda: asyncio.to_thread(self.telemetry.shutdown))]
         if self.redis is not None:
             steps.append(("redis client", self.redis.aclose))
         for name, step in steps:

@@ -119,8 +119,7 @@ class Fleet:
             return
         self.router.worker_left(worker_id)
         self.outliers[worker.pool].remove_worker(worker_id)
-        for metric in (self.metrics.breaker_state, self.metrics.worker_healthy, self.metrics.ejections,
-                       self.metrics.kv_events):
+        for metric in (self.metrics.breaker_state, self.metrics.worker_healthy, self.metrics.ejections):
             try:
                 metric.remove(worker_id)
             except KeyError:
@@ -205,7 +204,6 @@ class Fleet:
     async def _health_loop(self) -> None:
         while True:
             await asyncio.gather(*(self._check(w) for w in self.workers.values()), return_exceptions=True)
-            self._export_subscriber_counts()
             await asyncio.sleep(self.config.health.interval_s)
 
     async def check_all(self, initial: bool = False) -> None:
@@ -253,10 +251,10 @@ class Fleet:
             self.router.worker_load_scraped(worker.worker_id, **values)
         return cache
 
-    def _export_subscriber_counts(self) -> None:
-        for worker in self.workers.values():
-            if worker.subscriber is not None:
-                self.metrics.kv_events.labels(worker=worker.worker_id).set(worker.subscriber.counters.events_applied)
+    def kv_events_applied(self) -> dict[str, int]:
+        """KV events each subscribed worker's subscriber has applied since it started."""
+        return {w.worker_id: w.subscriber.counters.events_applied
+                for w in self.workers.values() if w.subscriber is not None}
 
 
 def parse_vllm_load(text: str) -> dict:

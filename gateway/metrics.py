@@ -3,10 +3,21 @@ every request updates are kept on the event loop without locks (gateway/loop_met
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
+import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from admission.pool_admission import PoolState
@@ -27,14 +38,18 @@ class GatewayMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         # Loop*: the series requests update, without locks (gateway/loop_metrics.py); the rest are prometheus_client's
-        self.requests = LoopCounter("kvgate_requests", "Requests by tenant, model and final HTTP status.",
-                                    ["tenant", "model", "status"], r)
+        self.requests = LoopCounter("kvgate_requests", "Requests by tenant, model, pool (none: refused before "
+                                    "one was chosen) and final HTTP status.", ["tenant", "model", "pool", "status"], r)
         self.ttft = LoopHistogram("kvgate_time_to_first_token_seconds", "Client-side time to first token.",
-                                  ["model"], _LATENCY_BUCKETS_S, r)
-        self.itl = LoopHistogram("kvgate_inter_token_latency_seconds", "Time between streamed chunks.", ["model"],
-                                 _ITL_BUCKETS_S, r)
-        self.e2e = LoopHistogram("kvgate_e2e_request_latency_seconds", "End-to-end request latency.", ["model"],
-                                 _LATENCY_BUCKETS_S, r)
+                                  ["model", "pool"], _LATENCY_BUCKETS_S, r)
+        self.itl = LoopHistogram("kvgate_inter_token_latency_seconds", "Time between streamed chunks.",
+                                 ["model", "pool"], _ITL_BUCKETS_S, r)
+        self.e2e = LoopHistogram("kvgate_e2e_request_latency_seconds", "End-to-end request latency.",
+                                 ["model", "pool"], _LATENCY_BUCKETS_S, r)
+        self.in_flight = Gauge("kvgate_requests_in_flight", "Completion requests inside the gateway (queued for "
+                               "admission, routed or answering).", registry=r)
+        self.routed = LoopCounter("kvgate_routed", "Routing decisions, by pool, policy and the worker ranked first.",
+                                  ["pool", "policy", "worker"], r)
         self.attempts = LoopCounter("kvgate_upstream_attempts", "Upstream attempts by worker and outcome.",
                                     ["worker", "outcome"], r)
         self.retries = Counter("kvgate_upstream_retries", "Retries on another worker.", ["pool"], registry=r)
@@ -57,8 +72,6 @@ class GatewayMetrics:
         self.decision_seconds = LoopHistogram("kvgate_routing_decision_seconds",
                                               "Tokenize + key + match + score time per request.", [],
                                               _DECISION_BUCKETS_S, r)
-        self.kv_events = Gauge("kvgate_kv_events_applied", "KV events applied per worker (subscriber).",
-                               ["worker"], registry=r)
         self.policy_reloads = Counter("kvgate_policy_reloads", "Routing-policy file reloads, by outcome.",
                                       ["outcome"], registry=r)
         self.admitted = LoopCounter("kvgate_admitted", "Requests admitted, by pool, tenant and priority.",
@@ -73,6 +86,11 @@ class GatewayMetrics:
                                         ["pool", "priority"], _QUEUE_WAIT_BUCKETS_S, r)
         self.cost = LoopCounter("kvgate_cost", "What requests cost in USD (the pool's prices x usage), answered "
                                 "or not.", ["tenant"], r)
+        build = Gauge("kvgate_build_info", "The running gateway's version and Python (always 1).",
+                      ["version", "python_version"], registry=r)
+        build.labels(version=_version(), python_version=platform.python_version()).set(1)
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):  # process_*, python_*
+            r.register(collector)
         self._cost_by_tenant: dict[str, float] = {}
         self._answered_by_tenant: dict[str, int] = {}
 
@@ -92,8 +110,13 @@ class GatewayMetrics:
             self.policy_reloads.labels(outcome=outcome)
 
     def watch_router(self, stats: Callable[[], RouterStats]) -> None:
-        """Export the router's closed loop and index size, read from stats() at every scrape."""
+        """Export the router's closed loop, index size and requests in flight per worker, read from
+        stats() at every scrape."""
         self.registry.register(_RouterCollector(stats))
+
+    def watch_kv_events(self, applied: Callable[[], Mapping[str, int]]) -> None:
+        """Export the KV events applied per worker since start (worker -> count), read at every scrape."""
+        self.registry.register(_KvEventsCollector(applied))
 
     def watch_admission(self, pools: Callable[[], Mapping[str, PoolState]],
                         shared_limits: Callable[[], bool | None]) -> None:
@@ -149,16 +172,29 @@ class _RouterCollector:
         yield predicted
         yield reported
         yield confirmed
-        ratio = stats.prediction_hit_ratio  # NaN until the router has predicted a cached token
-        yield GaugeMetricFamily("kvgate_router_prediction_hit_ratio",
-                                "sum(min(predicted, reported)) / sum(predicted) cached tokens.",
-                                value=math.nan if ratio is None else ratio)
+        in_flight = GaugeMetricFamily("kvgate_worker_requests_in_flight", "This gateway's requests in flight at "
+                                      "each worker (dispatched, not yet finished).", labels=["worker"])
+        for worker, count in sorted(stats.in_flight.items()):
+            in_flight.add_metric([worker], count)
+        yield in_flight
         blocks = GaugeMetricFamily("kvgate_kv_index_blocks", "Confirmed blocks indexed per worker.", labels=["worker"])
         for worker, count in sorted(stats.index.blocks_per_worker.items()):
             blocks.add_metric([worker], count)
         yield blocks
         yield GaugeMetricFamily("kvgate_kv_index_bytes", "Approximate memory of the KV index (both layers).",
                                 value=stats.index.approx_bytes)
+
+
+class _KvEventsCollector:
+    def __init__(self, applied: Callable[[], Mapping[str, int]]) -> None:
+        self._applied = applied
+
+    def collect(self) -> Iterator[Metric]:
+        applied = CounterMetricFamily("kvgate_kv_events_applied", "KV events applied to the index, per worker "
+                                      "(its subscriber, since it started).", labels=["worker"])
+        for worker, count in sorted(self._applied().items()):
+            applied.add_metric([worker], count)
+        yield applied
 
 
 class _AdmissionCollector:
@@ -211,3 +247,10 @@ class _SharedStateCollector:
         for part, shared in sorted(parts.items()):
             gauge.add_metric([part], int(shared))
         yield gauge
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("kvgate")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"

@@ -1,78 +1,111 @@
-"""Request context (request id, W3C trace context) and size limits (headers, body), as plain ASGI middleware."""
+"""Request context (request id, W3C trace context, the request's log record) and size limits
+(headers, body), as plain ASGI middleware."""
 
 from __future__ import annotations
 
 import os
 import re
+import time
 
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
 
+from gateway.telemetry import NOT_LOGGED_PATHS, Telemetry
 from kvgate.api_error import ApiError
 from kvgate.config import LimitsConfig
+from kvgate.tracing import trace_id_of
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _POLICY_VIOLATION = 1008  # the WebSocket close code for a refused connection (RFC 6455 7.4.1)
 _propagator = TraceContextTextMapPropagator()
-tracer = trace.get_tracer("kvgate.gateway")
 
 
 class RequestContextMiddleware:
-    """Gives each request an id (X-Request-Id in, or a new one) and a server span continuing
-    the caller's traceparent; both are echoed on the response (x-request-id, traceparent) and
-    kept in scope['state'] for the proxy to pass upstream."""
+    """Gives each request an id (X-Request-Id in, or a new one), its trace context and its log record.
 
-    def __init__(self, app: ASGIApp) -> None:
+    With tracing on, a SERVER span continues the caller's traceparent; its context is echoed on the
+    response and kept in scope['state']['trace_headers'] (the proxy sends each upstream attempt its
+    own child context). With tracing off, a caller's traceparent and tracestate are echoed and passed
+    on as they came. scope['state']['log'] is the request's log record: the layers inside add to it
+    (tenant, pool, worker, tokens, timings...), and this middleware writes it as one line when the
+    response has ended (telemetry.request_log). Probes and /metrics get neither span nor line.
+    """
+
+    def __init__(self, app: ASGIApp, telemetry: Telemetry | None = None) -> None:
         self.app = app
-        # Looked up once (the middleware is built on the first request): a tracer provider is set
-        # at process start (opentelemetry-instrument, OTEL_PYTHON_TRACER_PROVIDER), and while none
-        # is, get_tracer_provider() searches the environment on every call.
-        self.no_tracer = _no_tracer_installed()
+        self.telemetry = telemetry or Telemetry()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        incoming, has_parent = "", False
+        incoming, traceparent, tracestate = "", None, None
         for name, value in scope["headers"]:  # the last of repeated headers wins, as in a dict of them
             if name == b"x-request-id":
                 incoming = value.decode("latin-1")
             elif name == b"traceparent":
-                has_parent = True
+                traceparent = value.decode("latin-1")
+            elif name == b"tracestate":
+                tracestate = value.decode("latin-1")
         request_id = incoming if _REQUEST_ID.match(incoming) else os.urandom(16).hex()  # uuid4().hex's form, cheaper
-        if not has_parent and self.no_tracer:
-            # a no-op tracer without a parent makes an invalid span: nothing to record or echo
-            await self._call(scope, receive, send, request_id, {}, None)
+        tracer = self.telemetry.tracer
+        if tracer is None or scope["path"] in NOT_LOGGED_PATHS:  # probes and scrapes: no spans either
+            carrier = {} if traceparent is None else {"traceparent": traceparent}
+            if traceparent is not None and tracestate is not None:
+                carrier["tracestate"] = tracestate
+            await self._call(scope, receive, send, request_id, carrier, None, traceparent)
             return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        parent = _propagator.extract(headers)
+        parent = _propagator.extract({"traceparent": traceparent, "tracestate": tracestate}
+                                     if traceparent is not None else {})
         with tracer.start_as_current_span(f"{scope['method']} {scope['path']}", context=parent,
-                                          kind=trace.SpanKind.SERVER) as span:
+                                          kind=trace.SpanKind.SERVER,
+                                          attributes={"http.request.method": scope["method"],
+                                                      "url.path": scope["path"],
+                                                      "kvgate.request_id": request_id}) as span:
             carrier: dict[str, str] = {}
             _propagator.inject(carrier)
-            await self._call(scope, receive, send, request_id, carrier, span)
+            await self._call(scope, receive, send, request_id, carrier, span, traceparent)
 
     async def _call(self, scope: Scope, receive: Receive, send: Send, request_id: str, carrier: dict[str, str],
-                    span: trace.Span | None) -> None:
+                    span: trace.Span | None, traceparent: str | None) -> None:
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         state["trace_headers"] = carrier
+        state["span"] = span
         extra = [(b"x-request-id", request_id.encode())] + [(k.encode(), v.encode()) for k, v in carrier.items()]
+        request_log = self.telemetry.request_log
+        logged = request_log.enabled and scope["path"] not in NOT_LOGGED_PATHS
+        record: dict = {}
+        if logged:
+            state["log"] = record
+        status = None
+        started = time.perf_counter()
 
         async def send_with_context(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
+                status = message["status"]
                 message["headers"] = list(message.get("headers", [])) + extra
                 if span is not None:
-                    span.set_attribute("http.status_code", message["status"])
+                    span.set_attribute("http.response.status_code", status)
+                    if status >= 500:
+                        span.set_status(trace.StatusCode.ERROR)
             await send(message)
 
-        await self.app(scope, receive, send_with_context)
-
-
-def _no_tracer_installed() -> bool:
-    return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+        try:
+            await self.app(scope, receive, send_with_context)
+        except Exception:
+            if status is None:
+                status = 500  # Starlette's outermost middleware answers it
+            raise
+        finally:
+            if logged:
+                request_log.write({"request_id": request_id, "trace_id": trace_id_of(span, traceparent),
+                                   "method": scope["method"], "path": scope["path"],
+                                   "status": status if status is not None else 499, **record,
+                                   "duration_s": round(time.perf_counter() - started, 6)})
 
 
 class HeaderLimitsMiddleware:

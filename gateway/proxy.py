@@ -28,6 +28,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.request_body import estimate_prompt_tokens, parse_body, read_body
 from gateway.session import ProxyRequest, Session, Write
 from gateway.sse import compact_json
+from gateway.telemetry import OPERATIONS, Telemetry, set_usage, step_span
 from gateway.upstream_http import UpstreamClient
 from kvgate.api_error import ApiError
 from kvgate.config import PricesConfig, UpstreamConfig
@@ -52,7 +53,8 @@ class ProxyEndpoint:
     routing tokenizer (only exact ones are used to continue after a failover); prices, each pool's
     (for the cost of each request); debug_header_for(tenant) says whether its answers carry x-kvgate-route;
     offload parses, tokenizes and encodes a large request off the event loop; longest_prompt_tokens,
-    the longest prompt any pool takes (None: some pool has no known limit), bounds a large body's parse."""
+    the longest prompt any pool takes (None: some pool has no known limit), bounds a large body's parse;
+    telemetry, the spans and the fields of the request's log line (gateway/telemetry.py)."""
 
     path: str
     admission: Admission
@@ -68,6 +70,7 @@ class ProxyEndpoint:
     rng: random.Random
     offload: Offloader
     longest_prompt_tokens: int | None
+    telemetry: Telemetry = field(default_factory=Telemetry)
     kind: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -76,10 +79,13 @@ class ProxyEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrived = time.perf_counter()
-        tenant = scope.get("state", {}).get("tenant", "anonymous")
+        state = scope.setdefault("state", {})
+        tenant = state.get("tenant", "anonymous")
         model_label = "unknown"
         metrics = self.metrics
+        record = state.get("log")  # the request's log line (None: not logged)
         watch = None
+        metrics.in_flight.inc()
         try:
             try:
                 raw = await read_body(receive)
@@ -87,31 +93,48 @@ class ProxyEndpoint:
                                                        max_prompt_tokens=self.longest_prompt_tokens)
                 model = body["model"]
                 model_label = model if model in self.models else "unknown"
+                if record is not None:
+                    record["model"] = model_label
                 watch = ClientWatch(receive)  # the one watcher for the rest of the request
                 started = await watch.run(self._start(scope, body, len(raw), tenant))
             except ApiError as error:
-                metrics.child(metrics.requests, tenant, model_label, str(error.status)).inc()
+                self._count_unanswered(state, tenant, model_label, error.status, error.code or error.type,
+                                       error.message)
                 await error.response(self._refusal_timing(error, arrived))(scope, receive, send)
                 return
             except UpstreamError as error:  # the worker refused the request itself (4xx): pass its answer on
-                metrics.child(metrics.requests, tenant, model_label, str(error.status)).inc()
+                self._count_unanswered(state, tenant, model_label, error.status or 502, "refused_by_worker",
+                                       str(error))
                 await Response(error.body, status_code=error.status or 502, media_type="application/json")(
                     scope, receive, send)
                 return
             except Exception:  # a bug: the client still gets an OpenAI-style 500 (with its request id), counted
-                log.exception("request %s failed", scope.get("state", {}).get("request_id", ""))
-                metrics.child(metrics.requests, tenant, model_label, "500").inc()
+                log.exception("request %s failed", state.get("request_id", ""))
+                self._count_unanswered(state, tenant, model_label, 500, "internal_error")
                 await ApiError(500, "internal error in the gateway", "server_error").response()(scope, receive, send)
                 return
             if started is None:  # the client went away before the first token: the attempt was cancelled
-                metrics.child(metrics.requests, tenant, model_label, "499").inc()
+                self._count_unanswered(state, tenant, model_label, 499, "client_gone")
                 await _client_gone(send)
                 return
             session, held = started
             await self._respond(session, held, tenant, watch, scope, receive, send)
         finally:
+            metrics.in_flight.dec()
             if watch is not None:
                 watch.stop()
+
+    def _count_unanswered(self, state: dict, tenant: str, model: str, status: int, outcome: str,
+                          error: str | None = None) -> None:
+        """A request that ended before its answer began: counted (pool "none" when it never had one)
+        and its log line says why."""
+        pool = state.get("pool", "none")
+        self.metrics.child(self.metrics.requests, tenant, model, pool, str(status)).inc()
+        record = state.get("log")
+        if record is not None:
+            record.setdefault("outcome", outcome)
+            if error is not None:
+                record.setdefault("error", error[:300])
 
     def _refusal_timing(self, error: ApiError, arrived: float) -> dict[str, str] | None:
         """An admission refusal is timed from the request's arrival at this endpoint: counted in
@@ -137,13 +160,25 @@ class ProxyEndpoint:
             headers={k: v for k, v in pairs if k not in ("authorization", "x-api-key")},
             path=self.path)
         pool = self._pool_for(route_req)
-        permit = await self.admission.admit(AdmissionRequest(
-            tenant, pool, priority, deadline_ms=_deadline_ms(first.get("x-request-deadline-ms")),
-            workflow_step=_workflow_step(first.get("x-workflow-step")),
-            prompt_tokens_estimate=estimate_prompt_tokens(body), max_tokens=_max_tokens(body)))
+        state["pool"] = pool
+        record = state.get("log")
+        tracer = self.telemetry.tracer
+        if record is not None:
+            record.update(tenant=tenant, pool=pool, priority=priority.label)
+        waited = time.perf_counter()
+        with step_span(tracer, "admission", {"kvgate.tenant": tenant, "kvgate.pool": pool,
+                                             "kvgate.priority": priority.label}) as span:
+            permit = await self.admission.admit(AdmissionRequest(
+                tenant, pool, priority, deadline_ms=_deadline_ms(first.get("x-request-deadline-ms")),
+                workflow_step=_workflow_step(first.get("x-workflow-step")),
+                prompt_tokens_estimate=estimate_prompt_tokens(body), max_tokens=_max_tokens(body)))
+        if record is not None:
+            record["admission_s"] = round(time.perf_counter() - waited, 6)
         session = None
         try:
-            ticket = await self._route(route_req, pool, body_bytes)
+            with step_span(tracer, "route", {"kvgate.pool": pool}) as span:
+                ticket = await self._route(route_req, pool, body_bytes, record)
+                self._describe_route(ticket, span, record)
             permit.prompt_counted(ticket.decision.num_prompt_tokens or 0)
             headers = {k: v for k, v in pairs if k in FORWARDED_HEADERS}
             headers.update(state.get("trace_headers", {}))
@@ -156,10 +191,11 @@ class ProxyEndpoint:
                                headers=headers, client_stream=client_stream,
                                # the aggregated response always carries usage
                                client_include_usage=not client_stream or bool(stream_options.get("include_usage")),
-                               body_bytes=body_bytes)
+                               body_bytes=body_bytes, state=state)
             session = Session(req=req, ticket=ticket, permit=permit, fleet=self.fleet, upstream=self.upstream,
                               settings=self.settings, metrics=self.metrics,
-                              tokenizer=self.tokenizers.get(req.model), rng=self.rng, offload=self.offload)
+                              tokenizer=self.tokenizers.get(req.model), rng=self.rng, offload=self.offload,
+                              tracer=tracer)
             return session, await session.start()
         except BaseException:
             dropped = session is not None and session.ticket.outcome in _DROPPED
@@ -172,13 +208,18 @@ class ProxyEndpoint:
         except NoRouteError as exc:
             raise self._no_route(route_req, exc) from None
 
-    async def _route(self, route_req: RouteRequest, pool: str, body_bytes: int) -> RouteTicket:
-        """The routing ticket; a large request's prompt is tokenized off the event loop first."""
+    async def _route(self, route_req: RouteRequest, pool: str, body_bytes: int, record: dict | None) -> RouteTicket:
+        """The routing ticket; a large request's prompt is tokenized off the event loop first (and
+        any prompt first when its token ids go into the log line)."""
         started = time.perf_counter()
         try:
             token_ids = None
             if self.offload.is_large(body_bytes):
                 token_ids = await self.offload.run(body_bytes, self.router.tokenize, route_req, pool)
+            elif record is not None and self.telemetry.log_prompt_token_ids:
+                token_ids = self.router.tokenize(route_req, pool)
+            if record is not None and self.telemetry.log_prompt_token_ids:
+                record["prompt_token_ids"] = token_ids
             ticket = self.router.route(route_req, token_ids)
         except NoRouteError as exc:
             raise self._no_route(route_req, exc) from None
@@ -191,7 +232,30 @@ class ProxyEndpoint:
             raise ApiError(400, f"cannot tokenize the request: {exc}",
                            param="messages" if route_req.messages is not None else "prompt") from None
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
+        decision = ticket.decision
+        self.metrics.child(self.metrics.routed, decision.pool or pool, decision.policy, decision.worker_id).inc()
         return ticket
+
+    @staticmethod
+    def _describe_route(ticket: RouteTicket, span, record: dict | None) -> None:
+        """The decision on the route span and in the log line: policy, rule, chosen worker, candidates,
+        predicted cached tokens."""
+        decision = ticket.decision
+        if span is not None:
+            span.set_attribute("kvgate.route.policy", decision.policy)
+            span.set_attribute("kvgate.route.worker", decision.worker_id)
+            span.set_attribute("kvgate.route.candidates", decision.worker_ids[:8])
+            if decision.rule is not None:
+                span.set_attribute("kvgate.route.rule", decision.rule)
+            if decision.num_prompt_tokens is not None:
+                span.set_attribute("gen_ai.usage.input_tokens", decision.num_prompt_tokens)
+            if decision.predicted_cached_tokens is not None:
+                span.set_attribute("kvgate.route.predicted_cached_tokens", decision.predicted_cached_tokens)
+            span.set_attribute("kvgate.route.explanation", decision.explain()[:1000])
+        if record is not None:
+            record.update(policy=decision.policy, rule=decision.rule, routed_to=decision.worker_id,
+                          candidates=list(decision.worker_ids[:4]),
+                          predicted_cached_tokens=decision.predicted_cached_tokens)
 
     def _no_route(self, route_req: RouteRequest, exc: NoRouteError) -> ApiError:
         if route_req.model not in self.models:
@@ -242,9 +306,11 @@ class ProxyEndpoint:
         req, m = session.req, self.metrics
         answered = session.done or session.finish_reason is not None
         status = "200" if answered else str(session.error_status or 499)
-        m.child(m.requests, tenant, req.model, status).inc()
-        m.child(m.e2e, req.model).observe(time.monotonic() - req.started_s)
+        m.child(m.requests, tenant, req.model, req.pool, status).inc()
+        e2e_s = time.monotonic() - req.started_s
+        m.child(m.e2e, req.model, req.pool).observe(e2e_s)
         usage = session.accounted_usage() or {}
+        self._trace_and_log(session, usage, answered, e2e_s)
         session.permit.end(queue_delay_s=session.ticket.queue_delay_s, dropped=session.ticket.outcome in _DROPPED,
                            usage=usage or None, first_token_at_s=session.first_token_s)
         if usage:
@@ -256,6 +322,36 @@ class ProxyEndpoint:
         m.record_cost(tenant, request_cost_usd(usage, prompt_per_1m=prices.prompt_per_1m,
                                                cached_per_1m=prices.cached_per_1m,
                                                completion_per_1m=prices.completion_per_1m), answered)
+
+    def _trace_and_log(self, session: Session, usage: dict[str, Any], answered: bool, e2e_s: float) -> None:
+        """The answer's outcome on the request's SERVER span and in its log line."""
+        req, state = session.req, session.req.state
+        outcome = "answered" if answered else (session.end_reason or session.ticket.outcome or "client_gone")
+        span = state.get("span")
+        if span is not None:
+            span.set_attribute("gen_ai.operation.name", OPERATIONS[req.kind])
+            span.set_attribute("gen_ai.request.model", req.model)
+            span.set_attribute("kvgate.tenant", req.tenant)
+            span.set_attribute("kvgate.pool", req.pool)
+            span.set_attribute("kvgate.outcome", outcome)
+            if session.tried:
+                span.set_attribute("kvgate.worker", session.tried[-1])
+            if usage:
+                set_usage(span, usage)
+            if session.finish_reason is not None:
+                span.set_attribute("gen_ai.response.finish_reasons", (session.finish_reason,))
+        record = state.get("log")
+        if record is None:
+            return
+        details = usage.get("prompt_tokens_details") or {}
+        first_token_s = (None if session.first_token_s is None
+                         else round(session.first_token_s - req.started_s, 6))
+        record.update(pool=req.pool, worker=session.tried[-1] if session.tried else None,
+                      workers_tried=session.tried if len(session.tried) > 1 else None, outcome=outcome,
+                      finish_reason=session.finish_reason, failovers=session.failovers or None,
+                      ttft_s=first_token_s, e2e_s=round(e2e_s, 6), stream=req.client_stream,
+                      prompt_tokens=usage.get("prompt_tokens"), cached_tokens=details.get("cached_tokens"),
+                      completion_tokens=usage.get("completion_tokens"))
 
 
 # what StreamingResponse sent for text/event-stream, in its order

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.trace import Span, Tracer
 from gateway.admission import Permit
 from gateway.chunks import carries_token_ids, chat_logprobs, merge_logprobs, merge_tool_call_deltas
 from gateway.continuation import text_continuation, token_id_continuation
@@ -30,6 +31,7 @@ from gateway.fleet import Fleet
 from gateway.loop_metrics import HistogramChild
 from gateway.metrics import GatewayMetrics
 from gateway.sse import DONE, SseEvent, encode_event
+from gateway.telemetry import end_attempt_span, start_attempt_span, step_span
 from gateway.upstream import Attempt, open_attempt, read_events, wait_first_progress
 from gateway.upstream_http import UpstreamClient
 from kvgate.api_error import ApiError
@@ -66,6 +68,7 @@ class ProxyRequest:
     client_include_usage: bool
     body_bytes: int = 0  # the client's body size: a larger one is encoded off the event loop
     started_s: float = field(default_factory=time.monotonic)
+    state: dict[str, Any] = field(default_factory=dict)  # the ASGI scope's: its SERVER span and log record
 
 
 @dataclass(slots=True, kw_only=True, eq=False)
@@ -88,6 +91,7 @@ class Session:
     tokenizer: RoutingTokenizer | None
     rng: random.Random
     offload: Offloader
+    tracer: Tracer | None = None  # spans per attempt and failover (gateway/telemetry.py); None: tracing off
     # what happened so far
     tried: list[str] = field(default_factory=list)
     attempt: Attempt | None = None
@@ -113,6 +117,7 @@ class Session:
     error_status: int | None = None  # the status of the error the answer ended with
     ended: bool = False
     recorded: bool = False  # the endpoint has recorded its outcome (metrics, permit)
+    attempt_span: Span | None = None  # the current attempt's CLIENT span, while tracing is on
 
     # -- before the first byte ---------------------------------------------------------------
 
@@ -172,11 +177,14 @@ class Session:
         self.ticket.dispatched(worker_id)
         attempt = None
         up = self.settings
+        span, headers = start_attempt_span(self.tracer, self.req.kind, self.req.model, worker_id, worker.url,
+                                           len(self.tried), self.failovers, self.req.headers)
         try:
-            attempt = await open_attempt(self.upstream, worker_id, worker.url + path, payload, self.req.headers,
+            attempt = await open_attempt(self.upstream, worker_id, worker.url + path, payload, headers,
                                          up.connect_timeout_s, up.first_byte_timeout_s, up.idle_timeout_s)
             held = await wait_first_progress(attempt, up.first_byte_timeout_s)
         except BaseException as error:  # refused, failed, or cancelled (the client left): the worker did not serve it
+            end_attempt_span(span, error.kind if isinstance(error, UpstreamError) else "client_gone")
             self.ticket.attempt_failed()
             healthy = error.worker_healthy if isinstance(error, UpstreamError) else None
             if healthy is None:  # back-pressure, or the client left: no outcome; a half-open trial may go again
@@ -188,6 +196,7 @@ class Session:
             raise
         attempt.expected_first_byte_s = self.ticket.first_token()
         self.attempt = attempt
+        self.attempt_span = span
         return held
 
     async def _payload(self, body: dict[str, Any]) -> bytes:
@@ -373,8 +382,8 @@ class Session:
         if self.first_token_s is None:
             self.first_token_s = now
             metrics, model = self.metrics, self.req.model
-            metrics.child(metrics.ttft, model).observe(now - self.req.started_s)
-            self.itl = metrics.child(metrics.itl, model)
+            metrics.child(metrics.ttft, model, self.req.pool).observe(now - self.req.started_s)
+            self.itl = metrics.child(metrics.itl, model, self.req.pool)
         else:
             self.itl.observe(now - (self.last_token_s or now))
         self.last_token_s = now
@@ -386,7 +395,13 @@ class Session:
     # -- failover ----------------------------------------------------------------------------
 
     async def _failover(self, error: UpstreamError) -> list[SseEvent]:
-        await self._close_attempt(ok=False)
+        failed_worker = self.attempt.worker_id if self.attempt is not None else None
+        with step_span(self.tracer, "failover", {"kvgate.failed_worker": failed_worker or "",
+                                                 "kvgate.error": error.kind}):
+            return await self._continue_elsewhere(error)
+
+    async def _continue_elsewhere(self, error: UpstreamError) -> list[SseEvent]:
+        await self._close_attempt(ok=False, outcome=error.kind)
         self.ticket.attempt_failed()
         if self.tool_calls:  # a call half streamed cannot be continued as text by another worker
             self.end_reason = "failover_failed"
@@ -438,12 +453,14 @@ class Session:
                                   {"index": 0, "text": "", "logprobs": None, "finish_reason": reason})
         return {**self._envelope(), "choices": [choice]}
 
-    async def _close_attempt(self, ok: bool) -> None:
-        """Close the current upstream stream and record its outcome."""
+    async def _close_attempt(self, ok: bool, outcome: str = "failed") -> None:
+        """Close the current upstream stream and record its outcome (outcome: why it failed, when not ok)."""
         attempt = self.attempt
         if attempt is None:
             return
         self.attempt = None
+        span, self.attempt_span = self.attempt_span, None
+        end_attempt_span(span, "ok" if ok else outcome, self.usage, self.finish_reason)
         try:
             await attempt.close(drain=ok and self.done)
         finally:

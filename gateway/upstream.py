@@ -11,7 +11,6 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 

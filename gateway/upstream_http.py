@@ -19,7 +19,6 @@ import asyncio
 import ssl
 import time
 from collections import deque
-from typing import Any
 from urllib.parse import urlsplit
 
 import httptools

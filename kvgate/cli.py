@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 from urllib.parse import urlparse
 
 from kvgate.config import ApiKeyConfig, ConfigError, load_config
+from kvgate.tracing import TracingSettingError, resolve_settings
 
 
 class UsageError(Exception):
@@ -113,6 +114,19 @@ def _add_worker(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sim-timing", metavar="K=V,...",
                    help="sim executor timing overrides (see docs/sim-calibration.md)")
     p.add_argument("--worker-id", metavar="NAME", help="name in logs, metrics and KV-event topics")
+    observability = p.add_argument_group("observability", "request log lines and traces")
+    observability.add_argument("--no-request-log", action="store_true",
+                               help="write no JSON line per completion request (default: one each, on stderr)")
+    observability.add_argument("--log-prompt-token-ids", action="store_true",
+                               help="add the prompt's token ids to each request line (text is never logged)")
+    observability.add_argument("--tracing-exporter", choices=("none", "console", "otlp"),
+                               help="where spans go (default: OTEL_TRACES_EXPORTER, else none)")
+    observability.add_argument("--tracing-endpoint", metavar="URL",
+                               help="OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (default: "
+                                    "OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT, else http://localhost:4318)")
+    observability.add_argument("--tracing-sample-ratio", type=float, metavar="R",
+                               help="share of new traces kept, in [0, 1]; a caller's sampled traceparent is "
+                                    "always followed (default: OTEL_TRACES_SAMPLER[_ARG], else 1)")
     registration = p.add_argument_group("registration", "announce this worker to gateways through Redis "
                                         "(heartbeats while its /health answers; see docs/deploy.md)")
     registration.add_argument("--register", metavar="REDIS_URL", help="register in this Redis (e.g. redis://host:6379/0)")
@@ -202,6 +216,8 @@ def _run_gateway(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     _check_gateway_workers(args, config)
+    resolve_settings("kvgate-gateway", config.tracing.exporter, config.tracing.endpoint,  # OTEL_* checked once, here
+                     config.tracing.sample_ratio)
     return run(args, config, _tokenizer_dirs(config))  # the parent resolves them first: `default` converts once
 
 
@@ -363,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"{args.config}: " if getattr(args, "config", None) else ""
         print(f"kvgate: {where}{exc}", file=sys.stderr)
         return 2
-    except UsageError as exc:
+    except (UsageError, TracingSettingError) as exc:
         print(f"kvgate: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -7,14 +7,16 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from kvgate.config import KvgateConfig, WorkerConfig
+from kvgate.config import KvgateConfig, LoggingConfig, TracingConfig, WorkerConfig
 from kvgate.supervisor import ChildSpec
 
 DEV_KEY_PREFIX = "kvg-dev-"
 
 
-def worker_argv(worker: WorkerConfig) -> tuple[str, ...]:
-    """`kvgate worker ...` for a worker whose config has a launch section."""
+def worker_argv(worker: WorkerConfig, tracing: TracingConfig | None = None,
+                logs: LoggingConfig | None = None) -> tuple[str, ...]:
+    """`kvgate worker ...` for a worker whose config has a launch section, with the config's tracing
+    settings (those it sets; the worker takes OTEL_* variables for the others) and request-log settings."""
     launch = worker.launch
     assert launch is not None
     argv = [
@@ -33,9 +35,16 @@ def worker_argv(worker: WorkerConfig) -> tuple[str, ...]:
         "--sim-timing": launch.sim_timing,
         "--kv-events-endpoint": worker.kv_events_endpoint,
     }
+    if tracing is not None:
+        optional.update({"--tracing-exporter": tracing.exporter, "--tracing-endpoint": tracing.endpoint,
+                         "--tracing-sample-ratio": tracing.sample_ratio})
     for flag, value in optional.items():
         if value is not None:
             argv += [flag, str(value)]
+    if logs is not None and not logs.requests:
+        argv.append("--no-request-log")
+    if logs is not None and logs.prompt_token_ids:
+        argv.append("--log-prompt-token-ids")
     return (*argv, *launch.extra_args)
 
 
@@ -46,7 +55,8 @@ def stack_specs(config: KvgateConfig, config_path: Path, gateway_port: int, api_
     SIGHUP would end it, so it is not passed on.
     """
     specs = [
-        ChildSpec(name=w.name, argv=worker_argv(w), health_url=f"{w.url.rstrip('/')}/health")
+        ChildSpec(name=w.name, argv=worker_argv(w, config.tracing, config.logging),
+                  health_url=f"{w.url.rstrip('/')}/health")
         for w in config.launched_workers()
     ]
     host = config.gateway.host

@@ -1,9 +1,9 @@
 """What a kvgate gateway's router says of itself at the end of a fleet run (its /metrics): cached tokens it
-predicted vs those the workers reported, their ratio, and the confirmed blocks it indexed per worker."""
+predicted vs those the workers reported, the prediction hit ratio (confirmed / predicted: the share of
+predicted cached tokens the workers did report), and the confirmed blocks it indexed per worker."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import httpx
@@ -12,15 +12,15 @@ from loadtest.overload_metrics import parse_samples
 
 PREDICTED = "kvgate_router_predicted_cached_tokens_total"
 REPORTED = "kvgate_router_reported_cached_tokens_total"
-HIT_RATIO = "kvgate_router_prediction_hit_ratio"
+CONFIRMED = "kvgate_router_confirmed_cached_tokens_total"
 INDEX_BLOCKS = "kvgate_kv_index_blocks"
 
 
 def parse_router_stats(metrics_text: str) -> dict[str, Any]:
-    """Counters summed over pools; the hit ratio None where absent or NaN (nothing predicted yet)."""
-    ratios = [value for _, value in parse_samples(metrics_text, HIT_RATIO) if not math.isnan(value)]
-    return {"prediction_hit_ratio": ratios[0] if ratios else None,
-            "predicted_cached_tokens": _total(metrics_text, PREDICTED),
+    """Counters summed over pools; the hit ratio None until a cached token was predicted."""
+    predicted, confirmed = _total(metrics_text, PREDICTED), _total(metrics_text, CONFIRMED)
+    return {"prediction_hit_ratio": confirmed / predicted if predicted and confirmed is not None else None,
+            "predicted_cached_tokens": predicted,
             "reported_cached_tokens": _total(metrics_text, REPORTED),
             "index_blocks": {labels.get("worker", ""): round(value)
                              for labels, value in parse_samples(metrics_text, INDEX_BLOCKS)}}

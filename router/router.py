@@ -43,6 +43,7 @@ class RouterStats:
 
     closed_loop: Mapping[str, ClosedLoopStats]
     index: IndexStats
+    in_flight: Mapping[str, int]  # this router's own requests in flight per worker (other replicas' left out)
 
     @property
     def prediction_hit_ratio(self) -> float | None:
@@ -179,7 +180,8 @@ class Router:
         closed_loop = {pool: ClosedLoopStats(s.outcomes, s.predicted_cached_tokens, s.reported_cached_tokens,
                                              s.confirmed_cached_tokens)
                        for pool, s in self._books.closed_loop.items()}
-        return RouterStats(closed_loop, self._index.stats())
+        in_flight = {worker: own[0] for worker, own in self._load.own_load().items()}
+        return RouterStats(closed_loop, self._index.stats(), in_flight)
 
     # -- routing ---------------------------------------------------------------------------------
 

@@ -73,15 +73,15 @@ def fake_worker_process(mode: str) -> Process:
     return Process([sys.executable, str(script), str(port), mode], f"http://127.0.0.1:{port}")
 
 
-def gateway_process(config: dict, tmp_dir: Path, api_key: str = "test-key") -> Process:
-    """`kvgate gateway` with config (a dict written as YAML); KVGATE_API_KEY=api_key."""
+def gateway_process(config: dict, tmp_dir: Path, api_key: str = "test-key", env: dict | None = None) -> Process:
+    """`kvgate gateway` with config (a dict written as YAML); KVGATE_API_KEY=api_key; env: more variables."""
     import os
 
     port = free_port()
     config = {**config, "gateway": {"host": "127.0.0.1", "port": port}}
     path = tmp_dir / f"gateway-{port}.yaml"
     path.write_text(yaml.safe_dump(config))
-    env = {**os.environ, "KVGATE_API_KEY": api_key}
+    env = {**os.environ, "KVGATE_API_KEY": api_key, **(env or {})}
     return Process([sys.executable, "-m", "kvgate", "gateway", "--config", str(path)],
                    f"http://127.0.0.1:{port}", env=env)
 

@@ -43,13 +43,24 @@ class EventPublisher(Protocol):
 
 @dataclass(slots=True)
 class RequestTiming:
-    """Wall-clock marks of one request, for latency metrics."""
+    """One request's marks on the engine's clock (AsyncEngine.clock, monotonic seconds), for the latency
+    metrics, the request log and the request's spans; the engine thread fills them in as it runs.
+
+    arrival_s: when the worker received the request (the HTTP handler; else when the engine took it);
+    queued_s: when the engine took it; first_step_s: the start of the step that produced its first
+    token (the first step that ran it, unless a long prompt was prefilled in chunks over several
+    steps: the engine reports no step before the first token); first_token_s / last_token_s: the ends
+    of the steps that produced its first and last tokens; token_gaps_s: the gaps between its tokens.
+    max_tokens: the request's max_tokens (vllm:request_params_max_tokens).
+    """
 
     arrival_s: float
+    queued_s: float | None = None
     first_step_s: float | None = None
     first_token_s: float | None = None
     last_token_s: float | None = None
     token_gaps_s: list[float] = field(default_factory=list)
+    max_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -84,7 +95,7 @@ class AsyncEngine:
         self._events = step_events if step_events is not None else []
         self._publisher = publisher
         self._observer = observer
-        self._clock = clock
+        self.clock = clock  # the clock of every RequestTiming mark
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._streams: dict[str, _Stream] = {}
@@ -111,13 +122,16 @@ class AsyncEngine:
         return self._crash is not None
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
-        """Yield outputs until the request finishes; leaving early (disconnect) aborts it."""
+                       priority: int = 0, timing: RequestTiming | None = None) -> AsyncIterator[RequestOutput]:
+        """Yield outputs until the request finishes; leaving early (disconnect) aborts it.
+
+        request_id must be unique among the requests running. timing, when given, is filled in by the
+        engine thread (its arrival_s is the caller's); read it once the request has ended."""
         if not self.is_alive:
             raise EngineShutDown("the engine is not running")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._streams[request_id] = stream
-        self._inbox.put(("add", request_id, prompt_token_ids, params, priority))
+        self._inbox.put(("add", request_id, prompt_token_ids, params, priority, timing))
         self._wakeup.set()
         finished = False
         try:
@@ -175,23 +189,28 @@ class AsyncEngine:
                 if output is not None:
                     self._deliver(output)
 
-    def _add(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int) -> None:
+    def _add(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
+             timing: RequestTiming | None) -> None:
         try:
             self.engine.add_request(request_id, prompt, params, priority=priority)
         except ValueError as exc:
             self._deliver_to(request_id, exc)
             return
-        self._timings[request_id] = RequestTiming(arrival_s=self._clock())
+        now = self.clock()
+        timing = timing if timing is not None else RequestTiming(arrival_s=now)
+        timing.queued_s = now
+        timing.max_tokens = params.max_tokens
+        self._timings[request_id] = timing
 
     def _step(self) -> None:
-        step_start_s = self._clock()
+        step_start_s = self.clock()
         try:
             outputs = self.engine.step()
         except StepFailed as failure:
             self._fail_step(failure)
             return
         self._num_failed_steps_in_a_row = 0
-        now = self._clock()
+        now = self.clock()
         for output in outputs:
             self._record_timing(output, step_start_s, now)
         if self._observer is not None:

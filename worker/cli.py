@@ -4,23 +4,32 @@ The worker is meant to be reachable only from the gateway (HTTP on 127.0.0.1 by 
 events on loopback unless an endpoint says otherwise): it trusts the x-priority header and does no
 authentication. It exits 1 when its engine stops for an error (see worker.async_engine), so that
 the supervisor (`kvgate up`) restarts it.
+
+Observability: one JSON line per completion request on stderr (logger kvgate.worker.requests; off with
+--no-request-log, prompt token ids added with --log-prompt-token-ids), and traces when --tracing-exporter
+(or OTEL_TRACES_EXPORTER) says where to; tracing is set up once at start and flushed at exit.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
 
 import uvicorn
+from opentelemetry import trace
 from uvicorn.config import STARTUP_FAILURE
 
+from kvgate.request_log import RequestLog
+from kvgate.tracing import Tracing, TracingSettings, resolve_settings
 from worker.async_engine import AsyncEngine
 from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine
 from worker.executor.base import Executor
 from worker.metrics import WorkerMetrics
+from worker.request_telemetry import RequestTelemetry
 from worker.model.default_model import DEFAULT_MODEL_SPEC, DEFAULT_SERVED_MODEL_NAME, resolve_model_path
 from worker.model.tokenizer import ModelTokenizer, load_tokenizer
 from worker.server import WorkerState, build_app
@@ -35,23 +44,47 @@ SIM_DEFAULT_MAX_MODEL_LEN = 32768
 # to workers (gateway/upstream_http.py KEEPALIVE_EXPIRY_S, at most 4 s), so that the gateway, not
 # the worker, closes them: a request sent on a connection the worker is closing at that moment fails.
 DEFAULT_TIMEOUT_KEEP_ALIVE_S = 15.0
+REQUEST_LOG_NAME = "kvgate.worker.requests"
+TRACING_SERVICE_NAME = "kvgate-worker"
+
+
+class _Terminated(Exception):
+    """SIGTERM: a clean stop. uvicorn, which catches it while serving, raises it again once it has shut down."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated
 
 
 def run(args: argparse.Namespace) -> int:
+    """Serve until stopped; 0 after a stop (Ctrl-C, SIGTERM), 1 after an engine crash, 2 for a bad setting.
+    Stopping closes the KV-event publisher and exports the spans still buffered."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.worker_id or 'worker'} %(levelname)s %(message)s")
+    signal.signal(signal.SIGTERM, _raise_terminated)
     try:
+        tracing = Tracing(_tracing_settings(args))
         publisher = _build_publisher(args)  # first: a busy port fails at once, not after loading the model
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError) as exc:  # TracingSettingError is a ValueError
         print(f"kvgate worker: {exc}", file=sys.stderr)
         return 2
     try:
-        return _serve(args, publisher)
+        return _serve(args, publisher, tracing)
+    except _Terminated:
+        return 0  # stopped before it served
     finally:
         if publisher is not None:
             publisher.close()
+        tracing.shutdown()
 
 
-def _serve(args: argparse.Namespace, publisher) -> int:
+def _tracing_settings(args: argparse.Namespace) -> TracingSettings:
+    """--tracing-* flags; each one not given (or absent from a Namespace built without them) falls back to
+    the OTEL_* variables (kvgate.tracing)."""
+    return resolve_settings(TRACING_SERVICE_NAME, getattr(args, "tracing_exporter", None),
+                            getattr(args, "tracing_endpoint", None), getattr(args, "tracing_sample_ratio", None))
+
+
+def _serve(args: argparse.Namespace, publisher, tracing: Tracing) -> int:
     """Load the model, start the engine loop and serve HTTP until uvicorn stops; 1 if the engine crashed."""
     try:
         model_dir = resolve_model_path(args.model)
@@ -64,7 +97,10 @@ def _serve(args: argparse.Namespace, publisher) -> int:
     budget = {"max_num_batched_tokens": args.max_num_batched_tokens} if args.max_num_batched_tokens else {}
     config = EngineConfig(model_name=served_name, block_size=args.block_size, num_blocks=executor.num_blocks,
                           max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, **budget)
-    state = build_state(executor, tokenizer, model_dir, config, publisher)
+    request_log = RequestLog(REQUEST_LOG_NAME, "worker", enabled=not getattr(args, "no_request_log", False))
+    state = build_state(executor, tokenizer, model_dir, config, publisher, request_log=request_log,
+                        tracer=tracing.tracer("kvgate.worker"),
+                        log_prompt_token_ids=getattr(args, "log_prompt_token_ids", False))
     log.info("serving %s (%s executor, %d KV blocks of %d tokens) on http://%s:%d", served_name, executor.name,
              executor.num_blocks, args.block_size, args.host, args.port)
     try:
@@ -77,18 +113,23 @@ def _serve(args: argparse.Namespace, publisher) -> int:
 
 
 def build_state(executor: Executor, tokenizer: ModelTokenizer, model_dir: Path, config: EngineConfig,
-                publisher=None) -> WorkerState:
-    """Engine, its loop (started) and metrics over an executor, as the HTTP handlers need them."""
+                publisher=None, *, request_log: RequestLog | None = None, tracer: trace.Tracer | None = None,
+                log_prompt_token_ids: bool = False) -> WorkerState:
+    """Engine, its loop (started), metrics and request telemetry over an executor, as the HTTP handlers
+    need them. request_log None writes no request lines; tracer None makes no spans."""
     step_events: list = []
     engine = Engine(executor, tokenizer.tokenizer, config, event_sink=step_events.append,
                     eos_token_ids=tokenizer.eos_token_ids)
     metrics = WorkerMetrics(config.model_name, executor.name, block_size=config.block_size,
-                            num_blocks=engine.num_blocks)
+                            num_blocks=engine.num_blocks, max_model_len=engine.max_model_len)
     async_engine = AsyncEngine(engine, step_events, publisher=publisher, observer=metrics)
+    telemetry = RequestTelemetry(config.model_name, request_log or RequestLog(REQUEST_LOG_NAME, "worker", False),
+                                 tracer, log_prompt_token_ids=log_prompt_token_ids, clock=async_engine.clock)
     async_engine.start()
     return WorkerState(engine=async_engine, tokenizer=tokenizer, served_model_name=config.model_name,
                        model_root=str(model_dir), executor_name=executor.name, block_size=config.block_size,
-                       max_model_len=engine.max_model_len, metrics=metrics, num_token_ids=executor.vocab_size)
+                       max_model_len=engine.max_model_len, metrics=metrics, num_token_ids=executor.vocab_size,
+                       telemetry=telemetry)
 
 
 def uvicorn_config(app, args: argparse.Namespace) -> uvicorn.Config:
@@ -108,7 +149,7 @@ def serve(server: uvicorn.Server, engine: AsyncEngine) -> int:
     if not engine.crashed:
         try:
             server.run()
-        except KeyboardInterrupt:  # uvicorn raises the Ctrl-C it caught once it has shut down
+        except (KeyboardInterrupt, _Terminated):  # uvicorn raises the Ctrl-C or SIGTERM it caught once shut down
             pass
     if engine.crashed:
         return 1

@@ -48,6 +48,11 @@ class GenerateRequest:
     add_generation_prompt: bool
     continue_final_message: bool
     model: str | None
+    sampling_given: frozenset[str] = frozenset()  # the SAMPLING_PARAMS the body set (not defaulted)
+
+
+# Sampling params a request's span names when the client set them (gen_ai.request.*).
+SAMPLING_PARAMS = ("temperature", "top_p", "top_k", "seed")
 
 
 def _unset(value: Any) -> bool:
@@ -154,6 +159,7 @@ def _build(data: dict[str, Any], kind: str, header_priority: int | None, *, defa
         add_generation_prompt=add_generation_prompt,
         continue_final_message=continue_final_message,
         model=_get(data, "model", str, None),
+        sampling_given=frozenset(p for p in SAMPLING_PARAMS if data.get(p) is not None),
     )
 
 

@@ -3,6 +3,12 @@
 Handlers tokenize, submit to the AsyncEngine and shape OpenAI responses; a client that goes
 away aborts its request in the engine at once.
 
+Each completion request has an id: the caller's X-Request-Id when it is one (letters, digits and
+`._:-`, at most 128), else a new one. It is echoed as x-request-id, names the response as vLLM does
+(`cmpl-<id>`, `chatcmpl-<id>`) and the request's log line; the engine's own id adds a counter, so
+the same X-Request-Id twice at once is two requests. Every completion request, answered or not, is
+reported once at its end (worker/request_telemetry.py: a log line and, with tracing on, spans).
+
 A worker is meant to be reachable only from the gateway (it binds 127.0.0.1 by default): it
 trusts the `x-priority` header, which the gateway sets to the priority it admitted, and ignores
 any `priority` in the body, which only a client could have chosen. It does no authentication.
@@ -12,27 +18,32 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 import jinja2
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from kvgate.api_error import ApiError
 from kvgate.json_body import parse_json_object
 from kvgate.offload import Offloader
-from worker.async_engine import AsyncEngine, EngineShutDown, RequestFailed
+from worker.async_engine import AsyncEngine, EngineShutDown, RequestFailed, RequestTiming
 from worker.engine.engine import RequestOutput
 from worker.metrics import WorkerMetrics
+from worker.request_telemetry import CLIENT_GONE, ERROR, FINISHED, REJECTED, RequestRecord, RequestTelemetry
 from worker.model.tokenizer import ModelTokenizer
 from worker.openai_api import GenerateRequest, parse_chat, parse_completion
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 @dataclass(slots=True)
@@ -48,7 +59,9 @@ class WorkerState:
     max_model_len: int
     metrics: WorkerMetrics
     num_token_ids: int  # rows of the model's embedding: a prompt's token ids must be below this
+    telemetry: RequestTelemetry
     created_s: int = dataclasses.field(default_factory=lambda: int(time.time()))
+    engine_ids: Iterator[int] = dataclasses.field(default_factory=itertools.count)  # the engine ids' suffixes
     offload: Offloader = dataclasses.field(default_factory=Offloader)  # a large body is prepared off the loop
 
 
@@ -104,27 +117,48 @@ async def _chat_completions(request: Request) -> Response:
 
 async def _generate(request: Request, kind: str) -> Response:
     state = _state(request)
+    record = state.telemetry.start(kind, request.url.path, _request_id(request), request.headers.get("traceparent"),
+                                   request.headers.get("tracestate"))
+    headers = {"x-request-id": record.request_id, "x-kvgate-executor": state.executor_name}
     try:
         raw = await request.body()
         req, prompt_ids = await state.offload.run_yielding(len(raw), _prepare, state, raw, kind,
                                                            _header_priority(request))
     except ApiError as error:
-        return error.response()
-    prefix = "cmpl" if kind == "completion" else "chatcmpl"
-    request_id = f"{prefix}-{uuid.uuid4().hex}"
-    headers = {"x-request-id": request_id, "x-kvgate-executor": state.executor_name}
-    outputs = state.engine.generate(request_id, prompt_ids, req.sampling, req.priority)
-    shaper = _Shaper(state, req, request_id, prompt_ids)
+        return _answer_error(state, record, error, headers)
+    except ClientDisconnect:
+        state.telemetry.report(record, 499, CLIENT_GONE)
+        return Response(status_code=499, headers=headers)
+    record.request, record.prompt_token_ids = req, prompt_ids
+    record.response_id = f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{record.request_id}"
+    record.timing = RequestTiming(arrival_s=record.arrival_s)
+    engine_id = f"{record.response_id}-{next(state.engine_ids)}"  # unique while the same X-Request-Id runs twice
+    outputs = state.engine.generate(engine_id, prompt_ids, req.sampling, req.priority, timing=record.timing)
+    shaper = _Shaper(state, req, record.response_id, prompt_ids)
     if req.stream:
-        return StreamingResponse(_sse(shaper, outputs), media_type="text/event-stream",
+        return StreamingResponse(_sse(shaper, outputs, state.telemetry, record), media_type="text/event-stream",
                                  headers={**headers, "cache-control": "no-cache"})
     try:
-        final = await _collect_unless_disconnected(request, outputs)
+        final = await _collect_unless_disconnected(request, outputs, record)
     except ApiError as error:
-        return error.response()
+        return _answer_error(state, record, error, headers)
     if final is None:
-        return Response(status_code=499)
-    return JSONResponse(shaper.full_response(*final), headers=headers)
+        state.telemetry.report(record, 499, CLIENT_GONE)
+        return Response(status_code=499, headers=headers)
+    body = shaper.full_response(*final)
+    state.telemetry.report(record, 200, FINISHED)
+    return JSONResponse(body, headers=headers)
+
+
+def _request_id(request: Request) -> str:
+    """The caller's X-Request-Id when it is a valid one, else a new id."""
+    incoming = request.headers.get("x-request-id", "")
+    return incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
+
+
+def _answer_error(state: WorkerState, record: RequestRecord, error: ApiError, headers: dict[str, str]) -> Response:
+    state.telemetry.report(record, error.status, REJECTED if error.status < 500 else ERROR, error)
+    return error.response(headers)
 
 
 def _prepare(state: WorkerState, raw: bytes, kind: str, header_priority: int | None, *,
@@ -195,13 +229,13 @@ def _fit_context(state: WorkerState, req: GenerateRequest, num_prompt_tokens: in
     return req
 
 
-async def _collect(outputs: AsyncIterator[RequestOutput]) -> tuple[str, RequestOutput]:
+async def _collect(outputs: AsyncIterator[RequestOutput], record: RequestRecord) -> tuple[str, RequestOutput]:
     text: list[str] = []
     last = None
     try:
         async for output in outputs:
             text.append(output.new_text)
-            last = output
+            last = record.last_output = output
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
     except (EngineShutDown, RequestFailed) as exc:
@@ -210,9 +244,10 @@ async def _collect(outputs: AsyncIterator[RequestOutput]) -> tuple[str, RequestO
     return "".join(text), last
 
 
-async def _collect_unless_disconnected(request: Request, outputs: AsyncIterator[RequestOutput]):
+async def _collect_unless_disconnected(request: Request, outputs: AsyncIterator[RequestOutput],
+                                       record: RequestRecord):
     """Run the request; if the client disconnects first, cancel it (which aborts it) and return None."""
-    work = asyncio.ensure_future(_collect(outputs))
+    work = asyncio.ensure_future(_collect(outputs, record))
     watch = asyncio.ensure_future(_wait_disconnect(request))
     try:
         done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -231,19 +266,28 @@ async def _wait_disconnect(request: Request) -> None:
         pass
 
 
-async def _sse(shaper: "_Shaper", outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:
+async def _sse(shaper: "_Shaper", outputs: AsyncIterator[RequestOutput], telemetry: RequestTelemetry,
+               record: RequestRecord) -> AsyncIterator[bytes]:
+    """The stream's events; its end is reported: finished, an error event, or the client gone (the
+    response's status is 200 whatever happens once it has started)."""
+    outcome, error = CLIENT_GONE, None  # unless the stream gets to its end
     try:
         for chunk in shaper.first_chunks():
             yield _event(chunk)
         async for output in outputs:
+            record.last_output = output
             for chunk in shaper.chunks(output):
                 yield _event(chunk)
+        outcome = FINISHED
     except ValueError as exc:
-        yield _event(ApiError(400, str(exc)).body())
+        outcome, error = REJECTED, ApiError(400, str(exc))
     except (EngineShutDown, RequestFailed) as exc:
-        yield _event(_engine_error(exc).body())
+        outcome, error = ERROR, _engine_error(exc)
     finally:
         await outputs.aclose()
+        telemetry.report(record, 200, outcome, error)
+    if error is not None:
+        yield _event(error.body())
     yield b"data: [DONE]\n\n"
 
 

@@ -61,8 +61,8 @@ def start_tiny_worker(stack: ExitStack, model_dir: Path, kv_port: int | None = N
     return stack.enter_context(running(process))
 
 
-def start_gateway(stack: ExitStack, config: dict, tmp_dir: Path, ready: bool = True):
-    process = gateway_process(config, tmp_dir, api_key=API_KEY)
+def start_gateway(stack: ExitStack, config: dict, tmp_dir: Path, ready: bool = True, env: dict | None = None):
+    process = gateway_process(config, tmp_dir, api_key=API_KEY, env=env)
     return stack.enter_context(running(process, "/ready" if ready else "/health"))
 
 

@@ -173,7 +173,7 @@ def test_a_client_that_leaves_cancels_the_upstream_request_with_one_watcher(stre
             closed_after_s = loop.time() - left_at
             await asyncio.wait_for(request, 2.0)
             await asyncio.sleep(0)
-            answered_499 = core.metrics.child(core.metrics.requests, "t", MODEL, "499").value
+            answered_499 = core.metrics.child(core.metrics.requests, "t", MODEL, "default", "499").value
             return closed_after_s, tasks_during, answered_499
         finally:
             await core.stop()

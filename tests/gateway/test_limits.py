@@ -11,6 +11,7 @@ from starlette.testclient import TestClient
 
 from gateway.app import build_middleware
 from gateway.auth import KeyStore
+from gateway.telemetry import Telemetry
 from kvgate.config import AuthConfig, LimitsConfig
 from tests.gateway.conftest import API_KEY, MODEL
 
@@ -54,7 +55,7 @@ def test_oversized_headers_get_431_before_auth_or_trace_context_run(fleet, heade
 @OVERSIZED_HEADERS
 def test_the_middleware_order_refuses_oversized_headers_first(headers):
     """build_middleware's order in process: header limits before request context and auth."""
-    core = SimpleNamespace(metrics=None, config=SimpleNamespace(limits=LimitsConfig()))
+    core = SimpleNamespace(metrics=None, config=SimpleNamespace(limits=LimitsConfig()), telemetry=Telemetry())
     keys = KeyStore(AuthConfig(dev_key_env=None), {})
     app = Starlette(middleware=build_middleware(core, keys, {}))
     with TestClient(app) as client:

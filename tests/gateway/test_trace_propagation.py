@@ -3,44 +3,20 @@ request id the gateway answered with, and the admitted priority (never the clien
 
 from __future__ import annotations
 
-import json
 from contextlib import ExitStack
 
 import httpx
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from tests.conftest import free_port
 from tests.gateway.conftest import API_KEY, MODEL, gateway_config, start_gateway, worker_entry
+from tests.gateway.recording_worker import recording_worker
 from tests.loadtest.fake_upstream import serve_in_thread
 
 pytestmark = pytest.mark.slow  # a gateway process
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
-
-
-def recording_worker(seen: list[dict[str, str]]) -> Starlette:
-    """An OpenAI-style worker answering every completion with one streamed token; seen gets each
-    completion request's headers (lower-case names)."""
-
-    async def complete(request: Request) -> Response:
-        seen.append(dict(request.headers))
-        await request.body()
-        token = {"id": "cmpl-rec", "object": "text_completion", "created": 0, "model": MODEL,
-                 "choices": [{"index": 0, "text": "hi", "logprobs": None, "finish_reason": "length"}]}
-        usage = {"id": "cmpl-rec", "object": "text_completion", "created": 0, "model": MODEL, "choices": [],
-                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
-        events = [b"data: " + json.dumps(payload).encode() + b"\n\n" for payload in (token, usage)]
-        return StreamingResponse(iter([*events, b"data: [DONE]\n\n"]), media_type="text/event-stream")
-
-    async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    return Starlette(routes=[Route("/v1/completions", complete, methods=["POST"]), Route("/health", health)])
 
 
 @pytest.fixture(scope="module")

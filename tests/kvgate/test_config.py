@@ -56,7 +56,7 @@ BAD = [
      "pools.default.workers[1].url: not an http(s) URL"),
     ("unknown-top-level-key",
      MINIMAL + "\ngatway: {port: 1}",
-     "gatway: unknown key (expected one of: pools, tenants, gateway, limits, upstream, auth, redis, routing, health, breaker, outliers)"),
+     "gatway: unknown key (expected one of: pools, tenants, gateway, limits, upstream, auth, redis, routing, health, breaker, outliers, tracing, logging)"),
     ("unknown-nested-key",
      f"pools: {{default: {{model: m, workers: [{{name: w0, url: 'http://127.0.0.1:1', lauch: {{}}}}]}}}}",
      "pools.default.workers[0].lauch: unknown key (expected one of: name, url, kv_events_endpoint, block_size, num_blocks, launch)"),

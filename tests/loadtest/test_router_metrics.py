@@ -6,10 +6,12 @@ from loadtest.router_metrics import parse_router_stats
 
 METRICS = """# TYPE kvgate_router_predicted_cached_tokens_total counter
 kvgate_router_predicted_cached_tokens_total{pool="default"} 224000.0
+kvgate_router_predicted_cached_tokens_total{pool="other"} 1000.0
 # TYPE kvgate_router_reported_cached_tokens_total counter
 kvgate_router_reported_cached_tokens_total{pool="default"} 196000.0
-# TYPE kvgate_router_prediction_hit_ratio gauge
-kvgate_router_prediction_hit_ratio 0.87
+# TYPE kvgate_router_confirmed_cached_tokens_total counter
+kvgate_router_confirmed_cached_tokens_total{pool="default"} 180000.0
+kvgate_router_confirmed_cached_tokens_total{pool="other"} 15000.0
 # TYPE kvgate_kv_index_blocks gauge
 kvgate_kv_index_blocks{worker="w0"} 189.0
 kvgate_kv_index_blocks{worker="w1"} 188.0
@@ -17,12 +19,12 @@ kvgate_kv_index_blocks{worker="w1"} 188.0
 
 
 def test_predicted_and_reported_cached_tokens_their_ratio_and_the_index_per_worker():
-    assert parse_router_stats(METRICS) == {"prediction_hit_ratio": 0.87, "predicted_cached_tokens": 224000,
+    assert parse_router_stats(METRICS) == {"prediction_hit_ratio": 195000 / 225000, "predicted_cached_tokens": 225000,
                                            "reported_cached_tokens": 196000, "index_blocks": {"w0": 189, "w1": 188}}
 
 
 def test_a_router_that_predicted_nothing_has_no_ratio():
-    stats = parse_router_stats("kvgate_router_prediction_hit_ratio NaN\n"
+    stats = parse_router_stats('kvgate_router_confirmed_cached_tokens_total{pool="default"} 0.0\n'
                                'kvgate_router_predicted_cached_tokens_total{pool="default"} 0.0\n')
     assert (stats["prediction_hit_ratio"], stats["predicted_cached_tokens"], stats["reported_cached_tokens"]) == (
         None, 0, None)

@@ -36,9 +36,9 @@ def priorities(worker) -> list[int]:
     engine = worker.state.engine
     generate = engine.generate
 
-    def recording_generate(request_id, prompt_token_ids, params, priority=0):
+    def recording_generate(request_id, prompt_token_ids, params, priority=0, timing=None):
         seen.append(priority)
-        return generate(request_id, prompt_token_ids, params, priority)
+        return generate(request_id, prompt_token_ids, params, priority, timing)
 
     engine.generate = recording_generate
     yield seen
