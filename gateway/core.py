@@ -75,7 +75,7 @@ class GatewayCore:
         self.models = {pool.model: name for name, pool in config.pools.items()}
         self.metrics.start_series(config.pools, self.fleet.workers)
         self.metrics.watch_router(self.router.stats)
-        self.metrics.watch_kv_events(self.fleet.kv_events_applied)
+        self.metrics.watch_fleet(self.fleet.kv_events_applied, self.fleet.healthy_per_pool)
         self.metrics.watch_admission(lambda: {name: pool.state() for name, pool in self.admission.pools.items()},
                                      shared_limits=self.limits_shared)
         routing = config.routing

@@ -251,6 +251,13 @@ class Fleet:
             self.router.worker_load_scraped(worker.worker_id, **values)
         return cache
 
+    def healthy_per_pool(self) -> dict[str, int]:
+        """Workers in rotation in each pool (every configured pool named, 0 when none serves)."""
+        counts = dict.fromkeys(self.outliers, 0)
+        for worker in self.workers.values():
+            counts[worker.pool] = counts.get(worker.pool, 0) + worker.in_rotation
+        return counts
+
     def kv_events_applied(self) -> dict[str, int]:
         """KV events each subscribed worker's subscriber has applied since it started."""
         return {w.worker_id: w.subscriber.counters.events_applied

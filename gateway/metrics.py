@@ -64,11 +64,12 @@ class GatewayMetrics:
                                     registry=r)
         self.ejections = Counter("kvgate_worker_ejections", "Slow-worker ejections.", ["worker"], registry=r)
         self.prompt_tokens = LoopCounter("kvgate_prompt_tokens", "Prompt tokens (from upstream usage).",
-                                         ["tenant", "model"], r)
+                                         ["tenant", "model", "pool"], r)
         self.completion_tokens = LoopCounter("kvgate_completion_tokens", "Completion tokens (from upstream usage).",
-                                             ["tenant", "model"], r)
-        self.cached_tokens = LoopCounter("kvgate_cached_tokens", "Prompt tokens served from a worker's prefix cache.",
-                                         ["tenant", "model"], r)
+                                             ["tenant", "model", "pool"], r)
+        self.cached_tokens = LoopCounter("kvgate_cached_tokens", "Prompt tokens served from a worker's prefix cache "
+                                         "(over prompt tokens: the pool's actual hit rate).",
+                                         ["tenant", "model", "pool"], r)
         self.decision_seconds = LoopHistogram("kvgate_routing_decision_seconds",
                                               "Tokenize + key + match + score time per request.", [],
                                               _DECISION_BUCKETS_S, r)
@@ -114,9 +115,11 @@ class GatewayMetrics:
         stats() at every scrape."""
         self.registry.register(_RouterCollector(stats))
 
-    def watch_kv_events(self, applied: Callable[[], Mapping[str, int]]) -> None:
-        """Export the KV events applied per worker since start (worker -> count), read at every scrape."""
-        self.registry.register(_KvEventsCollector(applied))
+    def watch_fleet(self, applied: Callable[[], Mapping[str, int]],
+                    healthy: Callable[[], Mapping[str, int]]) -> None:
+        """Export, read at every scrape: the KV events applied per worker since start (worker -> count)
+        and the workers in rotation per pool (pool -> count; 0 is a pool that cannot serve)."""
+        self.registry.register(_FleetCollector(applied, healthy))
 
     def watch_admission(self, pools: Callable[[], Mapping[str, PoolState]],
                         shared_limits: Callable[[], bool | None]) -> None:
@@ -185,9 +188,10 @@ class _RouterCollector:
                                 value=stats.index.approx_bytes)
 
 
-class _KvEventsCollector:
-    def __init__(self, applied: Callable[[], Mapping[str, int]]) -> None:
+class _FleetCollector:
+    def __init__(self, applied: Callable[[], Mapping[str, int]], healthy: Callable[[], Mapping[str, int]]) -> None:
         self._applied = applied
+        self._healthy = healthy
 
     def collect(self) -> Iterator[Metric]:
         applied = CounterMetricFamily("kvgate_kv_events_applied", "KV events applied to the index, per worker "
@@ -195,6 +199,10 @@ class _KvEventsCollector:
         for worker, count in sorted(self._applied().items()):
             applied.add_metric([worker], count)
         yield applied
+        healthy = GaugeMetricFamily("kvgate_pool_healthy_workers", "Workers in rotation per pool.", labels=["pool"])
+        for pool, count in sorted(self._healthy().items()):
+            healthy.add_metric([pool], count)
+        yield healthy
 
 
 class _AdmissionCollector:

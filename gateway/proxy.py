@@ -314,10 +314,10 @@ class ProxyEndpoint:
         session.permit.end(queue_delay_s=session.ticket.queue_delay_s, dropped=session.ticket.outcome in _DROPPED,
                            usage=usage or None, first_token_at_s=session.first_token_s)
         if usage:
-            m.child(m.prompt_tokens, tenant, req.model).inc(usage.get("prompt_tokens", 0))
-            m.child(m.completion_tokens, tenant, req.model).inc(usage.get("completion_tokens", 0))
+            m.child(m.prompt_tokens, tenant, req.model, req.pool).inc(usage.get("prompt_tokens", 0))
+            m.child(m.completion_tokens, tenant, req.model, req.pool).inc(usage.get("completion_tokens", 0))
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-            m.child(m.cached_tokens, tenant, req.model).inc(cached)
+            m.child(m.cached_tokens, tenant, req.model, req.pool).inc(cached)
         prices = self.prices[req.pool]
         m.record_cost(tenant, request_cost_usd(usage, prompt_per_1m=prices.prompt_per_1m,
                                                cached_per_1m=prices.cached_per_1m,

@@ -183,6 +183,9 @@ def test_metrics_operators_can_window(untraced):
     assert any(s.labels == {"pool": "default", "policy": "kv_aware", "worker": "w0"} and s.value >= 1 for s in routed)
     answered = [s for s in families["kvgate_requests"].samples if s.labels.get("status") == "200"]
     assert answered and all(s.labels["pool"] == "default" for s in answered)
+    assert [(s.labels, s.value) for s in families["kvgate_pool_healthy_workers"].samples] == [({"pool": "default"}, 1)]
+    prompt = families["kvgate_prompt_tokens"].samples
+    assert prompt and all(s.labels["pool"] == "default" for s in prompt)
     ttft = [s for s in families["kvgate_time_to_first_token_seconds"].samples if s.name.endswith("_count")]
     assert ttft and ttft[0].labels == {"model": MODEL, "pool": "default"}
 
