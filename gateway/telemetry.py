@@ -12,8 +12,7 @@ branch per step.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from opentelemetry import trace
@@ -36,14 +35,14 @@ class Telemetry:
                  log_prompt_token_ids: bool = False) -> None:
         self.tracing = tracing
         self.tracer = tracing.tracer("kvgate.gateway") if tracing is not None else None
-        self.request_log = request_log or RequestLog("kvgate.requests", "gateway", enabled=False)
+        self.request_log = request_log or RequestLog("gateway", enabled=False)
         self.log_prompt_token_ids = log_prompt_token_ids
 
     @classmethod
     def from_config(cls, config: KvgateConfig) -> Telemetry:
         settings = resolve_settings("kvgate-gateway", config.tracing.exporter, config.tracing.endpoint,
                                     config.tracing.sample_ratio)
-        return cls(Tracing(settings), RequestLog("kvgate.requests", "gateway", enabled=config.logging.requests),
+        return cls(Tracing(settings), RequestLog("gateway", enabled=config.logging.requests),
                    config.logging.prompt_token_ids)
 
     def shutdown(self) -> None:
@@ -51,16 +50,16 @@ class Telemetry:
             self.tracing.shutdown()
 
 
-@contextmanager
 def step_span(tracer: trace.Tracer | None, name: str, attributes: dict[str, Any] | None = None
-              ) -> Iterator[trace.Span | None]:
-    """An INTERNAL span around a step of the request (None while tracing is off); an exception that
-    leaves it is recorded on it."""
+              ) -> AbstractContextManager[trace.Span | None]:
+    """An INTERNAL span around a step of the request, as a context manager giving the span (None, from
+    one shared no-op, while tracing is off); an exception that leaves it is recorded on it."""
     if tracer is None:
-        yield None
-        return
-    with tracer.start_as_current_span(name, attributes=attributes) as span:
-        yield span
+        return _NO_SPAN
+    return tracer.start_as_current_span(name, attributes=attributes)
+
+
+_NO_SPAN: AbstractContextManager[None] = nullcontext()
 
 
 def start_attempt_span(tracer: trace.Tracer | None, kind: str, model: str, worker_id: str, url: str,

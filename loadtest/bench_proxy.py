@@ -103,7 +103,8 @@ def _nginx_string(text: str) -> str:
 
 def nginx_conf(port: int, tmp_dir: Path) -> str:
     """One worker process, no daemon, no logs; the answers above, chosen by the body's "stream";
-    /health, /v1/models and an empty /metrics for the proxies' own checks, 404 elsewhere."""
+    /health, /v1/models and an empty /metrics for the proxies' own checks, /v1/traces taking OTLP span
+    batches as a collector would (loadtest/bench_telemetry.py), 404 elsewhere."""
     models = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0,
                                                      "owned_by": "bench"}]}, separators=(",", ":"))
     answers = "\n".join(
@@ -121,6 +122,7 @@ def nginx_conf(port: int, tmp_dir: Path) -> str:
         location = /health {{ return 200 '{{"status":"ok"}}'; }}
         location = /v1/models {{ return 200 {_nginx_string(models)}; }}
         location = /metrics {{ default_type text/plain; return 200 ''; }}
+        location = /v1/traces {{ default_type application/x-protobuf; return 200 ''; }}
         location / {{ return 404 '{{"error":{{"message":"not found","type":"not_found_error"}}}}'; }}
         location ~ ^/v1/(chat/)?completions$ {{ echo_read_request_body; echo_exec /_$answer$uri; }}
 {answers}
@@ -187,12 +189,13 @@ def run_wrk(argv: list[str]) -> dict[str, Any]:
 
 # -- the processes --------------------------------------------------------------------------------
 
-def missing_tools() -> list[str]:
-    """What this benchmark needs and does not find, each with the command that installs it."""
+def missing_tools(peers: bool = True) -> list[str]:
+    """What this benchmark needs and does not find, each with the command that installs it (peers:
+    sglang-router too)."""
     missing = [f"{tool} (install: {APT_INSTALL})" for tool in ("nginx", "wrk") if shutil.which(tool) is None]
     if not ECHO_MODULE.exists():
         missing.append(f"{ECHO_MODULE} (install: {APT_INSTALL})")
-    if not (SGLANG_VENV / "bin" / "python").exists():
+    if peers and not (SGLANG_VENV / "bin" / "python").exists():
         missing.append(f"sglang-router (install: {SGLANG_INSTALL})")
     return missing
 

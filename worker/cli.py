@@ -5,7 +5,7 @@ events on loopback unless an endpoint says otherwise): it trusts the x-priority 
 authentication. It exits 1 when its engine stops for an error (see worker.async_engine), so that
 the supervisor (`kvgate up`) restarts it.
 
-Observability: one JSON line per completion request on stderr (logger kvgate.worker.requests; off with
+Observability: one JSON line per completion request on stderr (kvgate/request_log.py; off with
 --no-request-log, prompt token ids added with --log-prompt-token-ids), and traces when --tracing-exporter
 (or OTEL_TRACES_EXPORTER) says where to; tracing is set up once at start and flushed at exit.
 """
@@ -44,7 +44,6 @@ SIM_DEFAULT_MAX_MODEL_LEN = 32768
 # to workers (gateway/upstream_http.py KEEPALIVE_EXPIRY_S, at most 4 s), so that the gateway, not
 # the worker, closes them: a request sent on a connection the worker is closing at that moment fails.
 DEFAULT_TIMEOUT_KEEP_ALIVE_S = 15.0
-REQUEST_LOG_NAME = "kvgate.worker.requests"
 TRACING_SERVICE_NAME = "kvgate-worker"
 
 
@@ -97,7 +96,7 @@ def _serve(args: argparse.Namespace, publisher, tracing: Tracing) -> int:
     budget = {"max_num_batched_tokens": args.max_num_batched_tokens} if args.max_num_batched_tokens else {}
     config = EngineConfig(model_name=served_name, block_size=args.block_size, num_blocks=executor.num_blocks,
                           max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, **budget)
-    request_log = RequestLog(REQUEST_LOG_NAME, "worker", enabled=not getattr(args, "no_request_log", False))
+    request_log = RequestLog("worker", enabled=not getattr(args, "no_request_log", False))
     state = build_state(executor, tokenizer, model_dir, config, publisher, request_log=request_log,
                         tracer=tracing.tracer("kvgate.worker"),
                         log_prompt_token_ids=getattr(args, "log_prompt_token_ids", False))
@@ -123,7 +122,7 @@ def build_state(executor: Executor, tokenizer: ModelTokenizer, model_dir: Path, 
     metrics = WorkerMetrics(config.model_name, executor.name, block_size=config.block_size,
                             num_blocks=engine.num_blocks, max_model_len=engine.max_model_len)
     async_engine = AsyncEngine(engine, step_events, publisher=publisher, observer=metrics)
-    telemetry = RequestTelemetry(config.model_name, request_log or RequestLog(REQUEST_LOG_NAME, "worker", False),
+    telemetry = RequestTelemetry(config.model_name, request_log or RequestLog("worker", False),
                                  tracer, log_prompt_token_ids=log_prompt_token_ids, clock=async_engine.clock)
     async_engine.start()
     return WorkerState(engine=async_engine, tokenizer=tokenizer, served_model_name=config.model_name,

@@ -38,6 +38,13 @@ NEW_SERIES = {  # name -> vLLM's buckets (None: a gauge)
     "vllm:request_inference_time_seconds": REQUEST_LATENCY_BUCKETS_S,
     "vllm:iteration_tokens_total": [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384],
 }
+# the 15 series vLLM's example dashboard reads (8 of them were all a kvgate worker exported before #19)
+VLLM_EXAMPLE_DASHBOARD_SERIES = (
+    "e2e_request_latency_seconds_bucket", "prompt_tokens_total", "generation_tokens_total",
+    "time_per_output_token_seconds_bucket", "num_requests_running", "num_requests_waiting",
+    "time_to_first_token_seconds_bucket", "gpu_cache_usage_perc", "request_prompt_tokens_bucket",
+    "request_generation_tokens_bucket", "request_success_total", "request_queue_time_seconds_sum",
+    "request_prefill_time_seconds_sum", "request_decode_time_seconds_sum", "request_max_num_generation_tokens_sum")
 PROMPT_IDS = [11, 12, 13, 14, 15, 16, 17]
 PARENT_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN_ID = "00f067aa0ba902b7"
@@ -94,6 +101,10 @@ def test_a_fresh_worker_exports_vllms_series_at_zero_with_vllms_labels_and_bucke
     assert reasons == {"stop", "length", "abort"}
     assert any(name.startswith("process_") for name in exported) and any(n.startswith("python_") for n in exported)
     assert "_created" not in text
+    # every series vLLM's own example Grafana dashboard queries (examples/online_serving/prometheus_grafana)
+    queried = [f"vllm:{name}" for name in VLLM_EXAMPLE_DASHBOARD_SERIES]
+    samples = {s.name for f in exported.values() for s in f.samples}
+    assert [name for name in queried if name not in samples] == []
 
 
 def test_one_request_is_counted_in_the_token_histograms(worker):

@@ -5,10 +5,8 @@ demand, with the OpenTelemetry SDK exporting to memory."""
 from __future__ import annotations
 
 import json
-import logging
 import socket
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -20,7 +18,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from kvgate.request_log import RequestLog
 from tests.worker.fake_executor import FailingExecutor, PagedFakeExecutor
 from tests.worker.inprocess import MODEL_NAME, serving
-from worker.cli import REQUEST_LOG_NAME, build_state
+from worker.cli import build_state
 from worker.engine.config import EngineConfig
 from worker.model.tokenizer import load_tokenizer
 
@@ -37,30 +35,23 @@ class SlowExecutor(FailingExecutor):
         return super().execute(batch)
 
 
-class Lines(logging.Handler):
-    """Collects the JSON request lines written on the worker's request logger."""
+class Lines:
+    """The worker's request lines, as the stream RequestLog writes them to."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.lines: list[dict] = []
 
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(json.loads(record.getMessage()))
+    def write(self, data: bytes) -> int:
+        self.lines.append(json.loads(data))
+        return len(data)
 
     def of(self, request_id: str) -> list[dict]:
         return [line for line in self.lines if line["request_id"] == request_id]
 
 
 @pytest.fixture
-def lines() -> Iterator[Lines]:
-    handler = Lines()
-    logger = logging.getLogger(REQUEST_LOG_NAME)
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    yield handler
-    logger.removeHandler(handler)
-    logger.setLevel(level)
+def lines() -> Lines:
+    return Lines()
 
 
 @pytest.fixture
@@ -79,7 +70,7 @@ def worker(tiny_llama_dir, executor, spans, lines):
     provider.add_span_processor(SimpleSpanProcessor(spans))
     config = EngineConfig(model_name=MODEL_NAME, block_size=executor.block_size, num_blocks=executor.num_blocks)
     state = build_state(executor, load_tokenizer(tiny_llama_dir), tiny_llama_dir, config,
-                        request_log=RequestLog(REQUEST_LOG_NAME, "worker"), tracer=provider.get_tracer("test"))
+                        request_log=RequestLog("worker", stream=lines), tracer=provider.get_tracer("test"))
     with serving(state) as served:
         yield served
     provider.shutdown()

@@ -1,0 +1,189 @@
+"""What the gateway's request log lines and traces cost, measured side by side in one run.
+
+The proxy harness of loadtest/bench_proxy.py (a fixed-response nginx upstream, wrk, the gateway alone on
+one CPU) runs four builds/configurations of kvgate's gateway in turn:
+- "before #19": the gateway as it was before tracing and request logs existed (the tree at --baseline,
+  extracted with `git archive`), on its default config;
+- "log off": this tree with `logging.requests: false`, tracing off;
+- "default": this tree as shipped: one JSON line per request (to a file, as a log shipper would read it),
+  tracing off;
+- "tracing on": the default plus `tracing.exporter: otlp`, every request sampled, spans sent in
+  batches to the upstream nginx (which answers 200, as a collector would).
+Reported per cell: requests/s, latency added to direct, and the gateway's CPU per request, each as a
+ratio to "before #19" in the same run (CPU per request is the steadiest of the three on a shared
+machine). "Tracing off costs nothing measurable" holds when "log off" is within the run's noise of
+"before #19". Writes results/bench_telemetry.json and the "telemetry-overhead" section of
+docs/benchmarks.md.
+Run: .venv/bin/python -m loadtest.bench_telemetry [--quick] [--baseline REF] [--no-doc]
+Needs: apt-get install -y nginx-light libnginx-mod-http-echo wrk; a git checkout (for the baseline tree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from contextlib import ExitStack
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from loadtest.bench_gateway import API_KEY, cpu_placement, gateway_config
+from loadtest.bench_proxy import (CONNECTIONS, DIRECT, MODES, _healthy, _num, check_answers, interference,
+                                  measure, missing_tools, phase_seconds, start_nginx, summarise, wrk_script)
+from loadtest.benchdoc import machine_description, replace_section
+from loadtest.procs import ChildProcess, free_port
+
+SECTION = "telemetry-overhead"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS_PATH = ROOT / "results" / "bench_telemetry.json"
+DEFAULT_BASELINE = "bb1107f"  # the last commit before #19's tracing and request logs
+BEFORE, LOG_OFF, DEFAULT, TRACING = "before #19", "log off", "default", "tracing on"
+VARIANTS = {  # name -> config sections added to bench_gateway's gateway config (BEFORE runs the baseline tree)
+    BEFORE: {},
+    LOG_OFF: {"logging": {"requests": False}},
+    DEFAULT: {},
+    TRACING: {"tracing": {"exporter": "otlp", "sample_ratio": 1.0}},  # endpoint: the upstream, filled in at start
+}
+
+
+def baseline_tree(ref: str, into: Path) -> Path:
+    """The repository at ref, extracted (no checkout, no git state changed), with this tree's built
+    router extensions copied in (their C sources are the same: checked)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", ref], check=True,
+                             capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    for built in (ROOT / "router").glob("*.so"):
+        source = built.name.split(".")[0] + ".c"
+        if (into / "router" / source).read_bytes() != (ROOT / "router" / source).read_bytes():
+            sys.exit(f"router/{source} differs at {ref}: build the baseline's extensions first")
+        shutil.copy(built, into / "router" / built.name)
+    return into
+
+
+def start_variant(name: str, port: int, upstream_port: int, tmp_dir: Path, cpus: set[int] | None,
+                  baseline: Path) -> ChildProcess:
+    """One gateway variant on port in front of the upstream, pinned to cpus; request lines go to its log file."""
+    config = gateway_config(port, upstream_port)
+    for section, values in VARIANTS[name].items():
+        config[section] = dict(values)
+    if name == TRACING:
+        config["tracing"]["endpoint"] = f"http://127.0.0.1:{upstream_port}"
+    path = tmp_dir / f"gateway-{port}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {"KVGATE_API_KEY": API_KEY}
+    cwd_tree = baseline if name == BEFORE else ROOT
+    if name == BEFORE:  # its own packages ahead of the editable install of this tree
+        env["PYTHONPATH"] = str(baseline)
+    argv = ["taskset", "-c", ",".join(map(str, sorted(cpus)))] if cpus else []
+    argv += [sys.executable, "-c", f"import os, sys; os.chdir({str(cwd_tree)!r}); sys.argv = ['kvgate', 'gateway', "
+             f"'--config', {str(path)!r}]; from kvgate.cli import main; sys.exit(main())"]
+    return ChildProcess(name, argv, tmp_dir / f"{name.replace(' ', '-').replace('#', '')}.log",
+                        f"http://127.0.0.1:{port}/ready", env=env)
+
+
+def ratios(figures: dict[str, Any]) -> dict[str, Any]:
+    """Per mode and connections, each variant against BEFORE: req/s, CPU per request, added p50."""
+    out: dict[str, Any] = {}
+    for mode, cells in figures.items():
+        for connections, cell in cells.items():
+            base = cell[BEFORE]
+            out.setdefault(mode, {})[connections] = {
+                name: {"requests_per_s": cell[name]["requests_per_s"] / base["requests_per_s"],
+                       "cpu_per_request": (cell[name]["cpu_ms_per_request"] / base["cpu_ms_per_request"]
+                                           if base["cpu_ms_per_request"] else None),
+                       "added_p50_ms": cell[name]["added_p50_ms"] - base["added_p50_ms"]}
+                for name in VARIANTS if name in cell}
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    rows = []
+    for mode, cells in result["figures"].items():
+        for connections, cell in cells.items():
+            for name in VARIANTS:
+                f, r = cell[name], result["ratios"][mode][connections][name]
+                rows.append(f"| {mode} | {connections} | {name} | {f['requests_per_s']:,.0f} | "
+                            f"{r['requests_per_s']:.2f}x | {_num(f['cpu_ms_per_request'], 3)} | "
+                            f"{_num(r['cpu_per_request'])}x | {_num(f['added_p50_ms'], 3)} | {f['errors']} |")
+    i = result["interference"]
+    return f"""## What request logs and traces cost the gateway
+
+Command: `{result['command']}`
+Machine: {result['machine']} (shared with other work; figures from one run)
+Date: {result['date']}
+
+The proxy harness of the "Proxy overhead" section (nginx answering at once, wrk, the gateway alone on CPU
+{', '.join(map(str, result['cpus']['gateway'])) or '-'}), four gateways in turn: **before #19** (the tree at
+`{result['baseline']}`, before tracing and request logs existed), **log off** (`logging.requests: false`, tracing
+off), **default** (as shipped: one JSON line per request to a file, tracing off) and **tracing on** (the default
+plus `tracing.exporter: otlp`, every request sampled, batches sent to the upstream nginx). {result['rounds']}
+rounds, {result['duration_s']:g} s per run, order mirrored in the second round; medians. Ratios are to
+"before #19" in the same cell; "added p50" is the latency added to direct. Other work on the machine:
+{i['median_cores']:.2f} cores in the median run, {i['max_cores']:.2f} in the worst.
+
+| mode | connections | gateway | req/s | req/s vs before | CPU ms/req | CPU/req vs before | added p50 ms | failed |
+|---|---|---|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+Raw figures: `results/bench_telemetry.json`.
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="3 s runs (a smoke run; figures are noisier)")
+    parser.add_argument("--baseline", default=DEFAULT_BASELINE, help="the git ref of the 'before #19' gateway")
+    parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
+    args = parser.parse_args()
+    if missing := missing_tools(peers=False):
+        sys.exit("missing:\n  " + "\n  ".join(missing))
+    duration_s, warmup_s = phase_seconds(args.quick)
+    gateway_cpus, load_cpus = cpu_placement()
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="bench-telemetry-") as tmp, ExitStack() as stack:
+        tmp_dir = Path(tmp)
+        baseline = baseline_tree(args.baseline, tmp_dir / "baseline")
+        scripts = {mode: tmp_dir / f"{mode}.lua" for mode in MODES}
+        for mode, path in scripts.items():
+            path.write_text(wrk_script(mode == "streaming"))
+        nginx_port = free_port()
+        nginx = _healthy(stack, start_nginx(nginx_port, tmp_dir, load_cpus))
+        targets: dict[str, tuple[int, int | None]] = {DIRECT: (nginx_port, None)}
+        for name in VARIANTS:
+            port = free_port()
+            proc = _healthy(stack, start_variant(name, port, nginx_port, tmp_dir, gateway_cpus, baseline))
+            targets[name] = (port, proc.popen.pid)
+            check_answers(name, port)
+        runs = measure(targets, scripts, duration_s, warmup_s, load_cpus,
+                       [nginx.popen.pid, *(pid for _, pid in targets.values() if pid)])
+    figures = summarise(runs)
+    result = {"benchmark": SECTION, "command": ".venv/bin/python -m loadtest.bench_telemetry"
+              + (" --quick" if args.quick else "") + (f" --baseline {args.baseline}" if args.baseline != DEFAULT_BASELINE
+                                                      else ""),
+              "machine": machine_description(), "baseline": args.baseline,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "wall_s": round(time.time() - started, 1), "rounds": max(r["round"] for r in runs),
+              "duration_s": duration_s, "connections": list(CONNECTIONS),
+              "cpus": {"gateway": sorted(gateway_cpus or []), "load": sorted(load_cpus or [])},
+              "figures": figures, "ratios": ratios(figures), "interference": interference(runs), "raw": runs}
+    RESULTS_PATH.parent.mkdir(exist_ok=True)
+    RESULTS_PATH.write_text(json.dumps(result, indent=1) + "\n")
+    if not args.no_doc:
+        replace_section(SECTION, markdown(result))
+    print(json.dumps(result["ratios"], indent=1))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
