@@ -20,6 +20,7 @@ from kvgate.tracing import trace_id_of
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _POLICY_VIOLATION = 1008  # the WebSocket close code for a refused connection (RFC 6455 7.4.1)
 _propagator = TraceContextTextMapPropagator()
+_NOT_LOGGED: dict = {}  # never filled: the layers inside add to state["log"], absent while not logged
 
 
 class RequestContextMiddleware:
@@ -77,7 +78,7 @@ class RequestContextMiddleware:
         extra = [(b"x-request-id", request_id.encode())] + [(k.encode(), v.encode()) for k, v in carrier.items()]
         request_log = self.telemetry.request_log
         logged = request_log.enabled and scope["path"] not in NOT_LOGGED_PATHS
-        record: dict = {}
+        record: dict = {} if logged else _NOT_LOGGED
         if logged:
             state["log"] = record
         status = None
