@@ -46,8 +46,7 @@ class GatewayMetrics:
                                  ["model", "pool"], _ITL_BUCKETS_S, r)
         self.e2e = LoopHistogram("kvgate_e2e_request_latency_seconds", "End-to-end request latency.",
                                  ["model", "pool"], _LATENCY_BUCKETS_S, r)
-        self.in_flight = Gauge("kvgate_requests_in_flight", "Completion requests inside the gateway (queued for "
-                               "admission, routed or answering).", registry=r)
+        self.requests_in_flight = 0  # completion requests inside the gateway (gateway/proxy.py counts them)
         self.routed = LoopCounter("kvgate_routed", "Routing decisions, by pool, policy and the worker ranked first.",
                                   ["pool", "policy", "worker"], r)
         self.attempts = LoopCounter("kvgate_upstream_attempts", "Upstream attempts by worker and outcome.",
@@ -87,6 +86,7 @@ class GatewayMetrics:
                                         ["pool", "priority"], _QUEUE_WAIT_BUCKETS_S, r)
         self.cost = LoopCounter("kvgate_cost", "What requests cost in USD (the pool's prices x usage), answered "
                                 "or not.", ["tenant"], r)
+        r.register(_InFlightCollector(self))
         build = Gauge("kvgate_build_info", "The running gateway's version and Python (always 1).",
                       ["version", "python_version"], registry=r)
         build.labels(version=_version(), python_version=platform.python_version()).set(1)
@@ -186,6 +186,15 @@ class _RouterCollector:
         yield blocks
         yield GaugeMetricFamily("kvgate_kv_index_bytes", "Approximate memory of the KV index (both layers).",
                                 value=stats.index.approx_bytes)
+
+
+class _InFlightCollector:
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("kvgate_requests_in_flight", "Completion requests inside the gateway (queued for "
+                                "admission, routed or answering).", value=self._metrics.requests_in_flight)
 
 
 class _FleetCollector:

@@ -85,7 +85,7 @@ class ProxyEndpoint:
         metrics = self.metrics
         record = state.get("log")  # the request's log line (None: not logged)
         watch = None
-        metrics.in_flight.inc()
+        metrics.requests_in_flight += 1
         try:
             try:
                 raw = await read_body(receive)
@@ -120,7 +120,7 @@ class ProxyEndpoint:
             session, held = started
             await self._respond(session, held, tenant, watch, scope, receive, send)
         finally:
-            metrics.in_flight.dec()
+            metrics.requests_in_flight -= 1
             if watch is not None:
                 watch.stop()
 
@@ -166,8 +166,9 @@ class ProxyEndpoint:
         if record is not None:
             record.update(tenant=tenant, pool=pool, priority=priority.label)
         waited = time.perf_counter()
-        with step_span(tracer, "admission", {"kvgate.tenant": tenant, "kvgate.pool": pool,
-                                             "kvgate.priority": priority.label}) as span:
+        with step_span(tracer, "admission") as span:
+            if span is not None:
+                span.set_attributes({"kvgate.tenant": tenant, "kvgate.pool": pool, "kvgate.priority": priority.label})
             permit = await self.admission.admit(AdmissionRequest(
                 tenant, pool, priority, deadline_ms=_deadline_ms(first.get("x-request-deadline-ms")),
                 workflow_step=_workflow_step(first.get("x-workflow-step")),
@@ -176,9 +177,10 @@ class ProxyEndpoint:
             record["admission_s"] = round(time.perf_counter() - waited, 6)
         session = None
         try:
-            with step_span(tracer, "route", {"kvgate.pool": pool}) as span:
+            with step_span(tracer, "route") as span:
                 ticket = await self._route(route_req, pool, body_bytes, record)
-                self._describe_route(ticket, span, record)
+                if span is not None or record is not None:
+                    self._describe_route(ticket, span, record)
             permit.prompt_counted(ticket.decision.num_prompt_tokens or 0)
             headers = {k: v for k, v in pairs if k in FORWARDED_HEADERS}
             headers.update(state.get("trace_headers", {}))
@@ -242,6 +244,7 @@ class ProxyEndpoint:
         predicted cached tokens."""
         decision = ticket.decision
         if span is not None:
+            span.set_attribute("kvgate.pool", decision.pool or "")
             span.set_attribute("kvgate.route.policy", decision.policy)
             span.set_attribute("kvgate.route.worker", decision.worker_id)
             span.set_attribute("kvgate.route.candidates", decision.worker_ids[:8])
@@ -326,8 +329,10 @@ class ProxyEndpoint:
     def _trace_and_log(self, session: Session, usage: dict[str, Any], answered: bool, e2e_s: float) -> None:
         """The answer's outcome on the request's SERVER span and in its log line."""
         req, state = session.req, session.req.state
+        span, record = state.get("span"), state.get("log")
+        if span is None and record is None:
+            return
         outcome = "answered" if answered else (session.end_reason or session.ticket.outcome or "client_gone")
-        span = state.get("span")
         if span is not None:
             span.set_attribute("gen_ai.operation.name", OPERATIONS[req.kind])
             span.set_attribute("gen_ai.request.model", req.model)
@@ -340,7 +345,6 @@ class ProxyEndpoint:
                 set_usage(span, usage)
             if session.finish_reason is not None:
                 span.set_attribute("gen_ai.response.finish_reasons", (session.finish_reason,))
-        record = state.get("log")
         if record is None:
             return
         details = usage.get("prompt_tokens_details") or {}

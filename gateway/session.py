@@ -177,14 +177,17 @@ class Session:
         self.ticket.dispatched(worker_id)
         attempt = None
         up = self.settings
-        span, headers = start_attempt_span(self.tracer, self.req.kind, self.req.model, worker_id, worker.url,
-                                           len(self.tried), self.failovers, self.req.headers)
+        span, headers = None, self.req.headers
+        if self.tracer is not None:
+            span, headers = start_attempt_span(self.tracer, self.req.kind, self.req.model, worker_id, worker.url,
+                                               len(self.tried), self.failovers, headers)
         try:
             attempt = await open_attempt(self.upstream, worker_id, worker.url + path, payload, headers,
                                          up.connect_timeout_s, up.first_byte_timeout_s, up.idle_timeout_s)
             held = await wait_first_progress(attempt, up.first_byte_timeout_s)
         except BaseException as error:  # refused, failed, or cancelled (the client left): the worker did not serve it
-            end_attempt_span(span, error.kind if isinstance(error, UpstreamError) else "client_gone")
+            if span is not None:
+                end_attempt_span(span, error.kind if isinstance(error, UpstreamError) else "client_gone")
             self.ticket.attempt_failed()
             healthy = error.worker_healthy if isinstance(error, UpstreamError) else None
             if healthy is None:  # back-pressure, or the client left: no outcome; a half-open trial may go again
@@ -460,7 +463,8 @@ class Session:
             return
         self.attempt = None
         span, self.attempt_span = self.attempt_span, None
-        end_attempt_span(span, "ok" if ok else outcome, self.usage, self.finish_reason)
+        if span is not None:
+            end_attempt_span(span, "ok" if ok else outcome, self.usage, self.finish_reason)
         try:
             await attempt.close(drain=ok and self.done)
         finally:

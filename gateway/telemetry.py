@@ -6,8 +6,7 @@ A completion's trace: SERVER `POST /v1/chat/completions` (the middleware) > `aut
 span per upstream attempt (`chat {model}` / `text_completion {model}`, GenAI names; its context is
 the traceparent the worker continues) > `failover` around a continuation on another worker.
 Attribute names follow OpenTelemetry's GenAI and HTTP semantic conventions where they have one,
-`kvgate.*` otherwise. Every helper here is a no-op when the tracer is None: tracing off costs a
-branch per step.
+`kvgate.*` otherwise. With the tracer None (tracing off) no span work happens: a branch per step.
 """
 
 from __future__ import annotations
@@ -62,13 +61,10 @@ def step_span(tracer: trace.Tracer | None, name: str, attributes: dict[str, Any]
 _NO_SPAN: AbstractContextManager[None] = nullcontext()
 
 
-def start_attempt_span(tracer: trace.Tracer | None, kind: str, model: str, worker_id: str, url: str,
-                       attempt_no: int, failovers: int, headers: dict[str, str]
-                       ) -> tuple[trace.Span | None, dict[str, str]]:
+def start_attempt_span(tracer: trace.Tracer, kind: str, model: str, worker_id: str, url: str, attempt_no: int,
+                       failovers: int, headers: dict[str, str]) -> tuple[trace.Span, dict[str, str]]:
     """A CLIENT span for one upstream attempt, and the headers to send it with: the request's, with
-    this span's traceparent, so the worker's spans are its children. (None, headers) while off."""
-    if tracer is None:
-        return None, headers
+    this span's traceparent, so the worker's spans are its children."""
     operation = OPERATIONS[kind]
     span = tracer.start_span(f"{operation} {model}", kind=trace.SpanKind.CLIENT, attributes={
         "gen_ai.operation.name": operation, "gen_ai.provider.name": "kvgate", "gen_ai.request.model": model,
@@ -79,11 +75,9 @@ def start_attempt_span(tracer: trace.Tracer | None, kind: str, model: str, worke
     return span, carrier
 
 
-def end_attempt_span(span: trace.Span | None, outcome: str, usage: dict[str, Any] | None = None,
+def end_attempt_span(span: trace.Span, outcome: str, usage: dict[str, Any] | None = None,
                      finish_reason: str | None = None) -> None:
     """End an attempt's span: outcome "ok" or why it failed; the worker's usage when it sent one."""
-    if span is None:
-        return
     span.set_attribute("kvgate.outcome", outcome)
     if usage:
         set_usage(span, usage)

@@ -10,7 +10,6 @@ is written whole even when other lines go to the same pipe.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any, BinaryIO
@@ -19,13 +18,13 @@ import orjson
 
 
 class RequestLog:
-    """Writes request lines to stream (default: this process's stderr, unbuffered); enabled=False
-    writes nothing (and costs a branch)."""
+    """Writes request lines to stream (default: this process's stderr, one write call each);
+    enabled=False writes nothing (and costs a branch)."""
 
     def __init__(self, source: str, enabled: bool = True, stream: BinaryIO | None = None) -> None:
         self.source = source
         self.enabled = enabled
-        self._stream = stream if stream is not None or not enabled else _stderr_bytes()
+        self._stream = stream  # None: this process's stderr, looked up at each line
 
     def write(self, fields: dict[str, Any]) -> None:
         if not self.enabled:
@@ -34,12 +33,13 @@ class RequestLog:
         for key, value in fields.items():
             if value is not None:
                 line[key] = value
-        self._stream.write(orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE))
-
-
-def _stderr_bytes() -> BinaryIO:
-    """stderr as a raw binary stream of its own (one write call per line, no buffer to flush)."""
-    return open(os.dup(sys.stderr.fileno()), "wb", buffering=0)
+        data = orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
+        if self._stream is not None:
+            self._stream.write(data)
+            return
+        stderr = sys.stderr.buffer
+        stderr.write(data)
+        stderr.flush()  # one write call per line
 
 
 def _utc_now() -> str:

@@ -323,12 +323,13 @@ def measured_run(argv: list[str], pid: int | None, own_pids: list[int]) -> dict[
 
 
 def measure(targets: dict[str, tuple[int, int | None]], scripts: dict[str, Path], duration_s: int,
-            warmup_s: int, load_cpus: set[int] | None, own_pids: list[int]) -> list[dict[str, Any]]:
+            warmup_s: int, load_cpus: set[int] | None, own_pids: list[int],
+            rounds: int = NUM_ROUNDS) -> list[dict[str, Any]]:
     """Every cell (mode x connections) through every proxy (port, pid; no pid: direct), the proxies'
-    order mirrored in the second round; each measured run follows a warm-up run of the same load.
+    order mirrored every second round; each measured run follows a warm-up run of the same load.
     own_pids: every process this run started (proxies, nginx), to tell other work's CPU use apart."""
     runs = []
-    for index in range(NUM_ROUNDS):
+    for index in range(rounds):
         order = list(targets) if index % 2 == 0 else list(targets)[::-1]
         for mode in MODES:
             for connections in CONNECTIONS:

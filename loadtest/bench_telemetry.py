@@ -14,7 +14,7 @@ ratio to "before #19" in the same run (CPU per request is the steadiest of the t
 machine). "Tracing off costs nothing measurable" holds when "log off" is within the run's noise of
 "before #19". Writes results/bench_telemetry.json and the "telemetry-overhead" section of
 docs/benchmarks.md.
-Run: .venv/bin/python -m loadtest.bench_telemetry [--quick] [--baseline REF] [--no-doc]
+Run: .venv/bin/python -m loadtest.bench_telemetry [--quick] [--rounds N] [--baseline REF] [--no-doc]
 Needs: apt-get install -y nginx-light libnginx-mod-http-echo wrk; a git checkout (for the baseline tree).
 """
 
@@ -46,6 +46,7 @@ from loadtest.procs import ChildProcess, free_port
 SECTION = "telemetry-overhead"
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = ROOT / "results" / "bench_telemetry.json"
+ROUNDS = 4
 DEFAULT_BASELINE = "bb1107f"  # the last commit before #19's tracing and request logs
 BEFORE, LOG_OFF, DEFAULT, TRACING = "before #19", "log off", "default", "tracing on"
 VARIANTS = {  # name -> config sections added to bench_gateway's gateway config (BEFORE runs the baseline tree)
@@ -107,6 +108,34 @@ def ratios(figures: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def cpu_per_request_rounds(runs: list[dict[str, Any]]) -> dict[tuple[str, int, str], list[float]]:
+    """(mode, connections, variant) -> the gateway's CPU ms per request in each round."""
+    out: dict[tuple[str, int, str], list[float]] = {}
+    for run in runs:
+        if run["proxy"] != DIRECT and run["requests"]:
+            out.setdefault((run["mode"], run["connections"], run["proxy"]), []).append(
+                run["proxy_cpu_s"] * 1e3 / run["requests"])
+    return out
+
+
+def verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tracing off against before #19: the mean over cells of "log off"'s CPU per request over "before
+    #19"'s, beside the noise: the mean round-to-round spread (max / min - 1) of one gateway in one cell.
+    "Nothing measurable" = the overhead is within that spread."""
+    rounds = cpu_per_request_rounds(runs)
+    cells = {(mode, connections) for mode, connections, _ in rounds}
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    off = mean([mean(rounds[(m, c, LOG_OFF)]) / mean(rounds[(m, c, BEFORE)]) for m, c in cells])
+    log = mean([mean(rounds[(m, c, DEFAULT)]) / mean(rounds[(m, c, BEFORE)]) for m, c in cells])
+    traced = mean([mean(rounds[(m, c, TRACING)]) / mean(rounds[(m, c, BEFORE)]) for m, c in cells])
+    spread = mean([max(v) / min(v) - 1 for v in rounds.values() if len(v) > 1])
+    return {"off_cpu_ratio": off, "default_cpu_ratio": log, "tracing_cpu_ratio": traced, "round_spread": spread,
+            "off_pass": off - 1 <= spread}
+
+
 def markdown(result: dict[str, Any]) -> str:
     rows = []
     for mode, cells in result["figures"].items():
@@ -116,7 +145,7 @@ def markdown(result: dict[str, Any]) -> str:
                 rows.append(f"| {mode} | {connections} | {name} | {f['requests_per_s']:,.0f} | "
                             f"{r['requests_per_s']:.2f}x | {_num(f['cpu_ms_per_request'], 3)} | "
                             f"{_num(r['cpu_per_request'])}x | {_num(f['added_p50_ms'], 3)} | {f['errors']} |")
-    i = result["interference"]
+    i, v = result["interference"], result["verdict"]
     return f"""## What request logs and traces cost the gateway
 
 Command: `{result['command']}`
@@ -128,13 +157,21 @@ The proxy harness of the "Proxy overhead" section (nginx answering at once, wrk,
 `{result['baseline']}`, before tracing and request logs existed), **log off** (`logging.requests: false`, tracing
 off), **default** (as shipped: one JSON line per request to a file, tracing off) and **tracing on** (the default
 plus `tracing.exporter: otlp`, every request sampled, batches sent to the upstream nginx). {result['rounds']}
-rounds, {result['duration_s']:g} s per run, order mirrored in the second round; medians. Ratios are to
+rounds, {result['duration_s']:g} s per run, the order mirrored every second round; medians. Ratios are to
 "before #19" in the same cell; "added p50" is the latency added to direct. Other work on the machine:
 {i['median_cores']:.2f} cores in the median run, {i['max_cores']:.2f} in the worst.
 
 | mode | connections | gateway | req/s | req/s vs before | CPU ms/req | CPU/req vs before | added p50 ms | failed |
 |---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
+
+Mean over the cells of CPU per request against "before #19": log off {v['off_cpu_ratio']:.3f}x, default
+{v['default_cpu_ratio']:.3f}x, tracing on {v['tracing_cpu_ratio']:.2f}x. The noise: one gateway's CPU per request
+differs between rounds of the same cell by {v['round_spread'] * 100:.1f}% on average (max / min).
+
+| target (issue #19) | value | target | result |
+|---|---|---|---|
+| tracing off costs nothing measurable: CPU per request, log off / before #19 | {v['off_cpu_ratio']:.3f}x | within the round-to-round spread ({1 + v['round_spread']:.3f}x) | {'pass' if v['off_pass'] else 'FAIL'} |
 
 Raw figures: `results/bench_telemetry.json`.
 """
@@ -144,6 +181,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="3 s runs (a smoke run; figures are noisier)")
     parser.add_argument("--baseline", default=DEFAULT_BASELINE, help="the git ref of the 'before #19' gateway")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"rounds over every cell (default {ROUNDS})")
     parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
     args = parser.parse_args()
     if missing := missing_tools(peers=False):
@@ -166,22 +204,23 @@ def main() -> None:
             targets[name] = (port, proc.popen.pid)
             check_answers(name, port)
         runs = measure(targets, scripts, duration_s, warmup_s, load_cpus,
-                       [nginx.popen.pid, *(pid for _, pid in targets.values() if pid)])
+                       [nginx.popen.pid, *(pid for _, pid in targets.values() if pid)], rounds=args.rounds)
     figures = summarise(runs)
     result = {"benchmark": SECTION, "command": ".venv/bin/python -m loadtest.bench_telemetry"
-              + (" --quick" if args.quick else "") + (f" --baseline {args.baseline}" if args.baseline != DEFAULT_BASELINE
-                                                      else ""),
+              + (" --quick" if args.quick else "") + (f" --rounds {args.rounds}" if args.rounds != ROUNDS else "")
+              + (f" --baseline {args.baseline}" if args.baseline != DEFAULT_BASELINE else ""),
               "machine": machine_description(), "baseline": args.baseline,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "wall_s": round(time.time() - started, 1), "rounds": max(r["round"] for r in runs),
               "duration_s": duration_s, "connections": list(CONNECTIONS),
               "cpus": {"gateway": sorted(gateway_cpus or []), "load": sorted(load_cpus or [])},
-              "figures": figures, "ratios": ratios(figures), "interference": interference(runs), "raw": runs}
+              "figures": figures, "ratios": ratios(figures), "verdict": verdict(runs),
+              "interference": interference(runs), "raw": runs}
     RESULTS_PATH.parent.mkdir(exist_ok=True)
     RESULTS_PATH.write_text(json.dumps(result, indent=1) + "\n")
     if not args.no_doc:
         replace_section(SECTION, markdown(result))
-    print(json.dumps(result["ratios"], indent=1))
+    print(json.dumps(result["verdict"], indent=1))
 
 
 if __name__ == "__main__":

@@ -29,9 +29,9 @@ from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine
 from worker.executor.base import Executor
 from worker.metrics import WorkerMetrics
-from worker.request_telemetry import RequestTelemetry
 from worker.model.default_model import DEFAULT_MODEL_SPEC, DEFAULT_SERVED_MODEL_NAME, resolve_model_path
 from worker.model.tokenizer import ModelTokenizer, load_tokenizer
+from worker.request_telemetry import RequestTelemetry
 from worker.server import WorkerState, build_app
 
 log = logging.getLogger("kvgate.worker")
