@@ -254,7 +254,6 @@ class ProxyEndpoint:
                 span.set_attribute("gen_ai.usage.input_tokens", decision.num_prompt_tokens)
             if decision.predicted_cached_tokens is not None:
                 span.set_attribute("kvgate.route.predicted_cached_tokens", decision.predicted_cached_tokens)
-            span.set_attribute("kvgate.route.explanation", decision.explain()[:1000])
         if record is not None:
             record.update(policy=decision.policy, rule=decision.rule, routed_to=decision.worker_id,
                           candidates=list(decision.worker_ids[:4]),
