@@ -43,5 +43,13 @@ class RequestLog:
 
 
 def _utc_now() -> str:
+    """Now as ISO-8601 UTC with milliseconds; the part up to the second is formatted once a second."""
+    global _second, _second_text
     now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+    second = int(now)
+    if second != _second:
+        _second, _second_text = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+    return f"{_second_text}.{int((now - second) * 1000):03d}Z"
+
+
+_second, _second_text = -1, ""
