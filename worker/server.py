@@ -39,9 +39,9 @@ from kvgate.offload import Offloader
 from worker.async_engine import AsyncEngine, EngineShutDown, RequestFailed, RequestTiming
 from worker.engine.engine import RequestOutput
 from worker.metrics import WorkerMetrics
-from worker.request_telemetry import CLIENT_GONE, ERROR, FINISHED, REJECTED, RequestRecord, RequestTelemetry
 from worker.model.tokenizer import ModelTokenizer
 from worker.openai_api import GenerateRequest, parse_chat, parse_completion
+from worker.request_telemetry import CLIENT_GONE, ERROR, FINISHED, REJECTED, RequestRecord, RequestTelemetry
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
