@@ -24,27 +24,19 @@ import json
 import random
 import sys
 import time
-from collections import defaultdict
-from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
-
-import worker.executor.torch_executor as torch_executor_module
-import worker.model.attention as attention_module
 from loadtest.benchdoc import machine_description, replace_section
 from worker.engine.config import EngineConfig
-from worker.engine.detokenizer import IncrementalDetokenizer
 from worker.engine.engine import Engine
 from worker.engine.sampling_params import SamplingParams
 from worker.executor.torch_executor import TorchExecutor
 from worker.model.default_model import DEFAULT_SERVED_MODEL_NAME, resolve_model_path
-from worker.model.norm import RMSNorm
 from worker.model.tokenizer import load_tokenizer
+from worker.step_profile import StepTimers, instrument, torch_threads, torch_version, weights_read_ms
 
 SECTION = "engine-profile"
 RESULTS_PATH = Path(__file__).resolve().parents[1] / "results" / "engine_profile.json"
@@ -54,72 +46,6 @@ PROMPT_TOKENS = 256
 FIRST_ORDINARY_TOKEN = 100  # SmolLM2's special tokens sit below this
 PARTS = ("scheduling (Python)", "step metadata", "matmuls (q/k/v/o, MLP)", "attention (paged)", "rope", "norms",
          "model, other", "lm_head", "sampling", "detokenization")
-
-
-class StepTimers:
-    """Seconds per part, summed over the steps measured while `on`."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.on = False
-
-    def timed(self, part: str, fn: Callable) -> Callable:
-        def wrapper(*args, **kwargs):
-            if not self.on:
-                return fn(*args, **kwargs)
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.seconds[part] += time.perf_counter() - start
-        return wrapper
-
-    def module_hooks(self, module: nn.Module, part: str) -> list:
-        started: list[float] = []
-
-        def before(_module, _inputs):
-            if self.on:
-                started.append(time.perf_counter())
-
-        def after(_module, _inputs, _output):
-            if self.on and started:
-                self.seconds[part] += time.perf_counter() - started.pop()
-
-        return [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
-
-
-def instrument(stack: ExitStack, engine: Engine, executor: TorchExecutor, timers: StepTimers) -> None:
-    """Wrap every part of a step in a timer, undone when stack closes."""
-    def patch(owner: Any, name: str, part: str) -> None:
-        original = getattr(owner, name)
-        setattr(owner, name, timers.timed(part, original))
-        stack.callback(setattr, owner, name, original)
-
-    patch(engine, "step", "step")
-    patch(executor, "execute", "execute")
-    patch(executor, "forward_logits", "forward and logits")
-    patch(executor.sampler, "sample", "sampling")
-    patch(torch_executor_module, "build_step_metadata", "step metadata")
-    patch(attention_module, "apply_rotary", "rope")
-    patch(IncrementalDetokenizer, "add_token", "detokenization")
-    original_backend = executor._backend
-
-    def timed_backend(meta):
-        return timers.timed("attention (paged)", original_backend(meta))
-
-    executor._backend = timed_backend
-    stack.callback(setattr, executor, "_backend", original_backend)
-    model = executor.model
-    handles = []
-    for module in model.modules():
-        if module is model.lm_head:
-            handles += timers.module_hooks(module, "lm_head")
-        elif isinstance(module, nn.Linear):
-            handles += timers.module_hooks(module, "matmuls (q/k/v/o, MLP)")
-        elif isinstance(module, RMSNorm):
-            handles += timers.module_hooks(module, "norms")
-    handles += timers.module_hooks(model, "forward")
-    stack.callback(lambda: [h.remove() for h in handles])
 
 
 def breakdown(seconds: dict[str, float], steps: int) -> dict[str, float]:
@@ -174,23 +100,8 @@ def profile_prefill(engine: Engine, executor: TorchExecutor, rng: random.Random,
     return {"prompt_tokens": PROMPT_TOKENS, "repeats": repeats, "ms_per_step": breakdown(timers.seconds, repeats)}
 
 
-def weights_read_ms(model: nn.Module, repeats: int = 5) -> tuple[float, int]:
-    """(ms to read every parameter once, their bytes): a sum over each, the memory-bound floor of a
-    batch-1 decode step (tied embeddings counted once)."""
-    params = {p.data_ptr(): p for p in model.parameters()}.values()
-    total = sum(p.numel() * p.element_size() for p in params)
-    best = float("inf")
-    with torch.inference_mode():
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for p in params:
-                p.sum()
-            best = min(best, time.perf_counter() - start)
-    return best * 1e3, total
-
-
 def run(quick: bool) -> dict[str, Any]:
-    torch.set_num_threads(1)
+    torch_threads(1)
     model_dir = resolve_model_path("default")
     executor = TorchExecutor.from_pretrained(model_dir, block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS)
     tokenizer = load_tokenizer(model_dir)
@@ -203,8 +114,8 @@ def run(quick: bool) -> dict[str, Any]:
     return {
         "command": " ".join(["python -m loadtest.engine_profile", *sys.argv[1:]]),
         "machine": machine_description(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "model": DEFAULT_SERVED_MODEL_NAME, "dtype": "float32", "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__, "weights_bytes": weight_bytes, "weights_read_ms": read_ms,
+        "model": DEFAULT_SERVED_MODEL_NAME, "dtype": "float32", "torch_threads": torch_threads(),
+        "torch": torch_version(), "weights_bytes": weight_bytes, "weights_read_ms": read_ms,
         "decode": [profile_decode(engine, executor, n, steps, rng, vocab) for n in (1, 8, 32)],
         "prefill": profile_prefill(engine, executor, rng, vocab, 2 if quick else 4),
     }

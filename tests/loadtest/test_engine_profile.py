@@ -1,4 +1,5 @@
-"""The engine profile's arithmetic and its timers (loadtest/engine_profile.py), without the model."""
+"""The engine profile's arithmetic and its timers (loadtest/engine_profile.py, worker/step_profile.py),
+without the model."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from loadtest.engine_profile import PARTS, StepTimers, breakdown, markdown
+from loadtest.engine_profile import PARTS, breakdown, markdown
+from worker.step_profile import StepTimers
 
 
 def test_the_residual_parts_are_what_the_timed_parts_leave():
