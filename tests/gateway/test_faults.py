@@ -72,6 +72,9 @@ def test_breaker_opens_on_a_worker_returning_503_and_no_request_fails(gateway_mo
         good = start_tiny_worker(stack, gateway_model_dir)
         entries = [worker_entry("bad", bad.url), worker_entry("good", good.url)]
         config = gateway_config(entries, gateway_model_dir, upstream={"retry_budget_min_per_s": 5.0})
+        # round robin: every other request starts at the bad worker (kv_aware may keep a prompt's
+        # prefix at the good one after the first retry, and never try the bad one three times)
+        config["pools"]["default"]["policy"] = {"type": "round_robin"}
         gateway = start_gateway(stack, config, tmp_path)
         for i in range(12):
             response = httpx.post(f"{gateway.url}/v1/completions", headers=AUTH, timeout=30,
