@@ -241,8 +241,9 @@ class ProxyEndpoint:
     @staticmethod
     def _describe_route(ticket: RouteTicket, span, record: dict | None) -> None:
         """The decision on the route span and in the log line: policy, rule, chosen worker, candidates,
-        predicted cached tokens."""
+        predicted cached tokens, and why the first ranked first (its cached blocks, requests, predicted TTFT)."""
         decision = ticket.decision
+        reason = decision.explanation[0].describe() if decision.explanation else None
         if span is not None:
             span.set_attribute("kvgate.pool", decision.pool or "")
             span.set_attribute("kvgate.route.policy", decision.policy)
@@ -254,10 +255,12 @@ class ProxyEndpoint:
                 span.set_attribute("gen_ai.usage.input_tokens", decision.num_prompt_tokens)
             if decision.predicted_cached_tokens is not None:
                 span.set_attribute("kvgate.route.predicted_cached_tokens", decision.predicted_cached_tokens)
+            if reason is not None:
+                span.set_attribute("kvgate.route.reason", reason)
         if record is not None:
             record.update(policy=decision.policy, rule=decision.rule, routed_to=decision.worker_id,
                           candidates=list(decision.worker_ids[:4]),
-                          predicted_cached_tokens=decision.predicted_cached_tokens)
+                          predicted_cached_tokens=decision.predicted_cached_tokens, route_reason=reason)
 
     def _no_route(self, route_req: RouteRequest, exc: NoRouteError) -> ApiError:
         if route_req.model not in self.models:

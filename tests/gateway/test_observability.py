@@ -141,7 +141,9 @@ def test_every_answer_and_refusal_has_its_line(untraced):
                          headers={"Authorization": f"Bearer {API_KEY}", "x-request-id": "bad-1"})
     assert (ok.status_code, unauthorized.status_code, invalid.status_code) == (200, 401, 400)
     output = gateway.output()
-    assert line_for(output, "ok-1")["status"] == 200
+    answered = line_for(output, "ok-1")
+    assert answered["status"] == 200 and answered["policy"] == "kv_aware"
+    assert answered["route_reason"].startswith("w0(cached_blocks=")  # why the worker ranked first
     refused = line_for(output, "no-key-1")
     assert (refused["status"], refused["tenant"], refused["outcome"]) == (401, "unauthenticated", "invalid_api_key")
     bad = line_for(output, "bad-1")
