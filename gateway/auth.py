@@ -29,7 +29,7 @@ from starlette.websockets import WebSocketClose
 
 from admission.redis_buckets import REDIS_ERRORS, wait_until_redis_answers
 from gateway.metrics import GatewayMetrics
-from gateway.telemetry import step_span
+from gateway.telemetry import PROBE_PATHS, step_span
 from kvgate.api_error import ApiError
 from kvgate.config import AuthConfig
 from kvgate.keys import REDIS_KEYS_HASH, hash_key
@@ -37,7 +37,6 @@ from kvgate.tasks import stop_tasks
 
 log = logging.getLogger("kvgate.gateway")
 
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 UNAUTHENTICATED_TENANT = "unauthenticated"  # the tenant label of requests refused with 401
 FOUND_TTL_S = 30.0  # a key Redis holds is trusted this long before it is looked up again (a revocation's delay)
 NOT_FOUND_TTL_S = 2.0  # a key Redis does not hold is refused this long without asking again
@@ -225,7 +224,7 @@ class AuthMiddleware:
         self.tracer = tracer  # an `auth` span per request while tracing is on
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan" or (scope["type"] == "http" and scope["path"] in OPEN_PATHS):
+        if scope["type"] == "lifespan" or (scope["type"] == "http" and scope["path"] in PROBE_PATHS):
             await self.app(scope, receive, send)
             return
         key = presented_key(scope["headers"])

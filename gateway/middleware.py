@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import re
 import time
 
 from opentelemetry import trace
@@ -12,12 +10,12 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
 
-from gateway.telemetry import NOT_LOGGED_PATHS, Telemetry
+from gateway.telemetry import PROBE_PATHS, Telemetry
 from kvgate.api_error import ApiError
 from kvgate.config import LimitsConfig
-from kvgate.tracing import trace_id_of
+from kvgate.request_log import request_id as new_or_incoming_id
+from kvgate.tracing import caller_context, trace_context_headers, trace_id_of
 
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _POLICY_VIOLATION = 1008  # the WebSocket close code for a refused connection (RFC 6455 7.4.1)
 _propagator = TraceContextTextMapPropagator()
 _NOT_LOGGED: dict = {}  # never filled: the layers inside add to state["log"], absent while not logged
@@ -50,17 +48,14 @@ class RequestContextMiddleware:
                 traceparent = value.decode("latin-1")
             elif name == b"tracestate":
                 tracestate = value.decode("latin-1")
-        request_id = incoming if _REQUEST_ID.match(incoming) else os.urandom(16).hex()  # uuid4().hex's form, cheaper
+        request_id = new_or_incoming_id(incoming)
         tracer = self.telemetry.tracer
-        if tracer is None or scope["path"] in NOT_LOGGED_PATHS:  # probes and scrapes: no spans either
-            carrier = {} if traceparent is None else {"traceparent": traceparent}
-            if traceparent is not None and tracestate is not None:
-                carrier["tracestate"] = tracestate
-            await self._call(scope, receive, send, request_id, carrier, None, traceparent)
+        if tracer is None or scope["path"] in PROBE_PATHS:  # probes and scrapes: no spans either
+            await self._call(scope, receive, send, request_id, trace_context_headers(traceparent, tracestate), None,
+                             traceparent)
             return
-        parent = _propagator.extract({"traceparent": traceparent, "tracestate": tracestate}
-                                     if traceparent is not None else {})
-        with tracer.start_as_current_span(f"{scope['method']} {scope['path']}", context=parent,
+        with tracer.start_as_current_span(f"{scope['method']} {scope['path']}",
+                                          context=caller_context(traceparent, tracestate),
                                           kind=trace.SpanKind.SERVER,
                                           attributes={"http.request.method": scope["method"],
                                                       "url.path": scope["path"],
@@ -77,7 +72,7 @@ class RequestContextMiddleware:
         state["span"] = span
         extra = [(b"x-request-id", request_id.encode())] + [(k.encode(), v.encode()) for k, v in carrier.items()]
         request_log = self.telemetry.request_log
-        logged = request_log.enabled and scope["path"] not in NOT_LOGGED_PATHS
+        logged = request_log.enabled and scope["path"] not in PROBE_PATHS
         record: dict = {} if logged else _NOT_LOGGED
         if logged:
             state["log"] = record

@@ -21,7 +21,7 @@ from kvgate.config import KvgateConfig
 from kvgate.request_log import RequestLog
 from kvgate.tracing import Tracing, resolve_settings
 
-NOT_LOGGED_PATHS = frozenset({"/health", "/ready", "/metrics"})  # probes and scrapes: no request lines
+PROBE_PATHS = frozenset({"/health", "/ready", "/metrics"})  # probes and scrapes: open without a key, no span or line
 OPERATIONS = {"chat": "chat", "completion": "text_completion"}  # gen_ai.operation.name per request kind
 _propagator = TraceContextTextMapPropagator()
 

@@ -16,8 +16,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from opentelemetry import trace
+from opentelemetry import context, trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+_propagator = TraceContextTextMapPropagator()
 EXPORTERS = ("none", "console", "otlp")
 OTLP_TRACES_PATH = "/v1/traces"
 
@@ -136,6 +138,20 @@ def _ratio_from_env(env: Mapping[str, str]) -> float:
             raise TracingSettingError(f"OTEL_TRACES_SAMPLER_ARG={arg!r}: expected a number in [0, 1]") from None
     raise TracingSettingError(f"OTEL_TRACES_SAMPLER={sampler!r}: kvgate samples by trace id ratio (traceidratio, "
                               "parentbased_traceidratio, always_on, always_off and their parentbased_ forms)")
+
+
+def trace_context_headers(traceparent: str | None, tracestate: str | None) -> dict[str, str]:
+    """A caller's W3C trace context as headers to pass on ({} without a traceparent; a tracestate
+    alone means nothing)."""
+    if traceparent is None:
+        return {}
+    return {"traceparent": traceparent} if tracestate is None else {"traceparent": traceparent,
+                                                                     "tracestate": tracestate}
+
+
+def caller_context(traceparent: str | None, tracestate: str | None) -> context.Context:
+    """The caller's trace context, for a SERVER span to continue (an empty context without one)."""
+    return _propagator.extract(trace_context_headers(traceparent, tracestate))
 
 
 def trace_id_of(span: trace.Span | None, traceparent: str | None = None) -> str | None:

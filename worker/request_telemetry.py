@@ -8,17 +8,15 @@ from dataclasses import dataclass
 from typing import Callable
 
 from opentelemetry import trace
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from kvgate.api_error import ApiError
 from kvgate.request_log import RequestLog
-from kvgate.tracing import trace_id_of
+from kvgate.tracing import caller_context, trace_id_of
 from worker.async_engine import RequestTiming
 from worker.engine.engine import RequestOutput
 from worker.openai_api import GenerateRequest
 
 FINISHED, ERROR, CLIENT_GONE, REJECTED = "finished", "error", "client_gone", "rejected"  # a request's outcome
-_propagator = TraceContextTextMapPropagator()
 
 
 @dataclass(slots=True)
@@ -103,13 +101,10 @@ class RequestTelemetry:
         return line
 
     def _trace(self, tracer: trace.Tracer, record: RequestRecord) -> trace.Span:
-        carrier = {"traceparent": record.traceparent} if record.traceparent else {}
-        if record.traceparent and record.tracestate:
-            carrier["tracestate"] = record.tracestate
         operation = "chat" if record.kind == "chat" else "text_completion"
         model = (record.request.model if record.request is not None else None) or self.model_name
         server = tracer.start_span(
-            f"{operation} {model}", context=_propagator.extract(carrier), kind=trace.SpanKind.SERVER,
+            f"{operation} {model}", context=caller_context(record.traceparent, record.tracestate), kind=trace.SpanKind.SERVER,
             start_time=record.arrival_ns,
             attributes={"gen_ai.operation.name": operation, "gen_ai.system": "kvgate",
                         "gen_ai.provider.name": "kvgate", "gen_ai.request.model": model,

@@ -20,9 +20,7 @@ import asyncio
 import dataclasses
 import itertools
 import json
-import re
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterator
 
@@ -36,14 +34,13 @@ from starlette.routing import Route
 from kvgate.api_error import ApiError
 from kvgate.json_body import parse_json_object
 from kvgate.offload import Offloader
+from kvgate.request_log import request_id as new_or_incoming_id
 from worker.async_engine import AsyncEngine, EngineShutDown, RequestFailed, RequestTiming
 from worker.engine.engine import RequestOutput
 from worker.metrics import WorkerMetrics
 from worker.model.tokenizer import ModelTokenizer
 from worker.openai_api import GenerateRequest, parse_chat, parse_completion
 from worker.request_telemetry import CLIENT_GONE, ERROR, FINISHED, REJECTED, RequestRecord, RequestTelemetry
-
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 @dataclass(slots=True)
@@ -152,8 +149,7 @@ async def _generate(request: Request, kind: str) -> Response:
 
 def _request_id(request: Request) -> str:
     """The caller's X-Request-Id when it is a valid one, else a new id."""
-    incoming = request.headers.get("x-request-id", "")
-    return incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
+    return new_or_incoming_id(request.headers.get("x-request-id"))
 
 
 def _answer_error(state: WorkerState, record: RequestRecord, error: ApiError, headers: dict[str, str]) -> Response:
