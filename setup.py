@@ -2,7 +2,8 @@
 
 router._blockhash computes chained block keys in one call, router._mask_lookup a prompt's
 prefix holders in the KV index (router/block_keys.py and router/mask_table.py fall back to pure
-Python without them). optional=True: an install without a C compiler warns and still succeeds.
+Python without them); worker._paged_attention is the CPU paged decode attention
+(worker/executor/cpu_attention.py; the SDPA backend serves without it). optional=True: an install without a C compiler warns and still succeeds.
 """
 
 import sys
@@ -10,10 +11,15 @@ import sys
 from setuptools import Extension, setup
 
 FLAGS = [] if sys.platform == "win32" else ["-O3"]
+# `#pragma omp simd` vectorizes the attention's dot products (no OpenMP runtime, no -ffast-math).
+SIMD_FLAGS = [] if sys.platform == "win32" else ["-fopenmp-simd"]
 
 setup(
     ext_modules=[
         Extension(name, sources=[f"{name.replace('.', '/')}.c"], extra_compile_args=FLAGS, optional=True)
         for name in ("router._blockhash", "router._mask_lookup")
+    ] + [
+        Extension("worker._paged_attention", sources=["worker/_paged_attention.c"],
+                  extra_compile_args=FLAGS + SIMD_FLAGS, optional=True)
     ]
 )

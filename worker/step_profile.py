@@ -17,6 +17,7 @@ import worker.executor.torch_executor as torch_executor_module
 import worker.model.attention as attention_module
 from worker.engine.detokenizer import IncrementalDetokenizer
 from worker.engine.engine import Engine
+from worker.executor.cpu_linear import PackedLinear
 from worker.executor.torch_executor import TorchExecutor
 from worker.model.norm import RMSNorm
 
@@ -79,7 +80,7 @@ def instrument(stack: ExitStack, engine: Engine, executor: TorchExecutor, timers
     for module in model.modules():
         if module is model.lm_head:
             handles += timers.module_hooks(module, "lm_head")
-        elif isinstance(module, nn.Linear):
+        elif isinstance(module, (nn.Linear, PackedLinear)):
             handles += timers.module_hooks(module, "matmuls (q/k/v/o, MLP)")
         elif isinstance(module, RMSNorm):
             handles += timers.module_hooks(module, "norms")
@@ -88,16 +89,21 @@ def instrument(stack: ExitStack, engine: Engine, executor: TorchExecutor, timers
 
 
 def weights_read_ms(model: nn.Module, repeats: int = 5) -> tuple[float, int]:
-    """(ms to read every parameter once, their bytes): a sum over each, the memory-bound floor of a
-    batch-1 decode step (tied embeddings counted once)."""
-    params = {p.data_ptr(): p for p in model.parameters()}.values()
-    total = sum(p.numel() * p.element_size() for p in params)
+    """(ms to read once as many bytes as a decode step's weights hold, those bytes): the memory-bound
+    floor of a batch-1 decode step, timed as a sum over one dense tensor of that size (packed weights
+    are opaque oneDNN tensors). Packed linears count their packed copy; the embedding matrix counts only
+    where lm_head reads it (tied and not packed): a step reads one row of it otherwise."""
+    embedding = model.model.embed_tokens.weight
+    lm_head = getattr(model.lm_head, "weight", None)
+    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())
+               if t is not embedding or lm_head is embedding}.values()
+    total = sum(t.numel() * t.element_size() for t in tensors)
+    dense = torch.ones(total // 4, dtype=torch.float32)
     best = float("inf")
     with torch.inference_mode():
         for _ in range(repeats):
             start = time.perf_counter()
-            for p in params:
-                p.sum()
+            dense.sum()
             best = min(best, time.perf_counter() - start)
     return best * 1e3, total
 

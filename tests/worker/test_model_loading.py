@@ -112,6 +112,17 @@ def test_missing_weight_names_the_tensor(model_copy):
         load_model(model_copy)
 
 
+def test_a_missing_part_of_a_fused_projection_is_named_as_the_checkpoint_spells_it(model_copy):
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(model_copy / "model.safetensors")
+    del weights["model.layers.0.self_attn.k_proj.weight"]
+    save_file(weights, model_copy / "model.safetensors")
+    expected = r"missing \['model.layers.0.self_attn.k_proj.weight'\], unexpected \[\]"
+    with pytest.raises(UnsupportedModelError, match=expected):
+        load_model(model_copy)
+
+
 def test_tied_embeddings_share_the_embedding_matrix(tiny_tied_llama3_dir):
     model = load_model(tiny_tied_llama3_dir)
     assert model.lm_head.weight is model.model.embed_tokens.weight

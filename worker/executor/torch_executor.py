@@ -1,7 +1,7 @@
 """The torch executor: a Llama-family model over a paged KV cache (CPU, or CUDA with Triton + graphs).
 
 Each step flattens every chunk's tokens into one batch: embeddings, projections and MLPs run once
-for all sequences; attention goes through the SDPA gather backend, or on CUDA decode-only steps
+for all sequences (on CPU with weights packed once for oneDNN: cpu_linear.py); attention goes through the SDPA gather backend, or on CUDA decode-only steps
 through the Triton paged-decode kernel, replayed from a CUDA graph captured per padded batch size.
 The lm_head runs only on the last token of chunks that sample.
 """
@@ -15,6 +15,8 @@ import torch
 
 from worker.executor.attention import SdpaPagedAttention, StepMetadata, build_step_metadata
 from worker.executor.base import validate_batch, StepBatch
+from worker.executor.cpu_attention import CpuPagedDecodeAttention, cpu_decode_available
+from worker.executor.cpu_linear import pack_linears, packing_available
 from worker.executor.kv_cache import KVCacheSpec, PagedKVCache, num_blocks_for_memory_fraction
 from worker.executor.sampler import Sampler
 from worker.executor.triton_attention import TritonPagedDecodeAttention, triton_available
@@ -43,6 +45,8 @@ class TorchExecutorConfig:
     use_triton: bool = True  # CUDA decode-only steps
     use_cuda_graphs: bool = True  # CUDA decode-only steps, needs use_triton
     max_graph_batch_size: int = 128
+    pack_weights: bool = True  # CPU: linears in oneDNN's packed layout (cpu_linear.py)
+    cpu_paged_attention: bool = True  # CPU decode-only steps: the C kernel (cpu_attention.py), else SDPA
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in _DTYPES:
@@ -74,6 +78,8 @@ class TorchExecutor:
         use_triton: bool = True,
         use_cuda_graphs: bool = True,
         max_graph_batch_size: int = 128,
+        pack_weights: bool = True,
+        cpu_paged_attention: bool = True,
     ) -> None:
         self.model = model
         self.config: ModelConfig = model.config
@@ -85,6 +91,11 @@ class TorchExecutor:
         self.max_model_len = min(max_model_len or self.config.max_position_embeddings, capacity)
         self.vocab_size = self.config.vocab_size  # embedding rows: may differ from the tokenizer's vocabulary
         self.sampler = sampler or Sampler()
+        dtype = model.model.embed_tokens.weight.dtype
+        self.packed_weights = pack_weights and self.device.type == "cpu" and packing_available(dtype)
+        if self.packed_weights:
+            pack_linears(model)
+        self.cpu_paged_attention = cpu_paged_attention and cpu_decode_available(kv_cache)
         self.use_triton = use_triton and self.device.type == "cuda" and triton_available()
         self._graphs = _DecodeGraphs(self, max_graph_batch_size) if self.use_triton and use_cuda_graphs else None
 
@@ -98,7 +109,8 @@ class TorchExecutor:
                            config.block_size, dtype)
         kv_cache = PagedKVCache(spec, _num_blocks(config, spec, device), device)
         return cls(model, kv_cache, max_model_len=config.max_model_len, use_triton=config.use_triton,
-                   use_cuda_graphs=config.use_cuda_graphs, max_graph_batch_size=config.max_graph_batch_size)
+                   use_cuda_graphs=config.use_cuda_graphs, max_graph_batch_size=config.max_graph_batch_size,
+                   pack_weights=config.pack_weights, cpu_paged_attention=config.cpu_paged_attention)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, **options) -> TorchExecutor:
@@ -130,6 +142,8 @@ class TorchExecutor:
     def _backend(self, meta: StepMetadata):
         if meta.decode_only and self.use_triton:
             return TritonPagedDecodeAttention(self.kv_cache, meta)
+        if meta.decode_only and self.cpu_paged_attention:
+            return CpuPagedDecodeAttention(self.kv_cache, meta)
         return SdpaPagedAttention(self.kv_cache, meta)
 
     def _validate(self, batch: StepBatch) -> None:

@@ -1,4 +1,5 @@
-"""Self-attention projections (q/k/v/o, optional bias and per-head q/k RMSNorm, RoPE).
+"""Self-attention projections (q/k/v fused into one qkv_proj, o_proj; optional bias and per-head q/k
+RMSNorm, RoPE).
 
 The attention itself (KV cache writes, paging, masking) is the backend's: the executor passes one in.
 """
@@ -29,9 +30,9 @@ class SelfAttention(nn.Module):
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
         q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, q_size, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(config.hidden_size, kv_size, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=config.qkv_bias)
+        self.qkv_sizes = (q_size, kv_size, kv_size)
+        # One matmul for q, k and v: the checkpoint's q_proj, k_proj, v_proj stacked (loader.py).
+        self.qkv_proj = nn.Linear(config.hidden_size, sum(self.qkv_sizes), bias=config.qkv_bias)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.o_bias)
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
@@ -46,9 +47,10 @@ class SelfAttention(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = cos_sin

@@ -1,6 +1,8 @@
 """The Llama-family decoder (Llama, SmolLM2, Qwen2, Qwen3) over a flat batch of tokens.
 
-Parameter names match Hugging Face checkpoints, so a checkpoint loads with load_state_dict.
+Parameter names match Hugging Face checkpoints except two fused projections, which the loader stacks
+from the checkpoint's tensors: self_attn.qkv_proj (q_proj, k_proj, v_proj) and mlp.gate_up_proj
+(gate_proj, up_proj).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SwiGLU MLP: down(silu(gate(x)) * up(x))."""
+"""SwiGLU MLP: down(silu(gate(x)) * up(x)), gate and up as one matmul (gate_up_proj)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from torch.nn import functional as F
 class GatedMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        # The checkpoint's gate_proj and up_proj stacked (loader.py).
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)

@@ -1,0 +1,147 @@
+/* worker._paged_attention: paged decode attention on CPU (worker/executor/cpu_attention.py calls it).
+ *
+ * One query token per sequence attends over its whole context, read in place through its block table
+ * from the paged K/V cache ([cache blocks, block size, kv heads, head dim], fp32): no gathered copy.
+ * Grouped-query attention: query head i reads KV head i / group. Each sequence's cache rows are
+ * read once per step, in order, for all heads. Softmax in fp32 in two
+ * passes (scores, then the weighted sum of V), scaled by `scale`. The GIL is released while it runs.
+ *
+ * The caller passes raw data pointers of contiguous tensors it has checked (dtype, shape, device);
+ * this file checks block ids and lengths against the sizes it is given, so a bad table raises
+ * instead of reading out of bounds.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One sequence: out[i] = softmax(q[i] . K_h^T * scale) V_h for every query head i, where h = i / group.
+ * The context is walked block by block and each cache row ([kv heads, head dim], contiguous) is read
+ * once for all heads: sequential reads the prefetcher follows. scores holds [heads, context_len]. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+static void attend_sequence(const float *q, float *out, int num_heads, int kv_heads, int head_dim,
+                            const float *k_cache, const float *v_cache, const int32_t *table, int context_len,
+                            int block_size, float scale, float *scores) {
+    const int group = num_heads / kv_heads;
+    const size_t row_stride = (size_t)kv_heads * head_dim;
+    for (int start = 0, b = 0; start < context_len; start += block_size, b++) {
+        const int in_block = context_len - start < block_size ? context_len - start : block_size;
+        const float *rows = k_cache + (size_t)table[b] * block_size * row_stride;
+        for (int off = 0; off < in_block; off++) {
+            const float *row = rows + (size_t)off * row_stride;
+            for (int i = 0; i < num_heads; i++) {
+                const float *k = row + (size_t)(i / group) * head_dim;
+                const float *qi = q + (size_t)i * head_dim;
+                float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+                for (int d = 0; d < head_dim; d++)
+                    acc += qi[d] * k[d];
+                scores[(size_t)i * context_len + start + off] = acc * scale;
+            }
+        }
+    }
+    for (int i = 0; i < num_heads; i++) {
+        float *s = scores + (size_t)i * context_len;
+        float top = -INFINITY;
+        for (int t = 0; t < context_len; t++)
+            top = s[t] > top ? s[t] : top;
+        float total = 0.0f;
+        for (int t = 0; t < context_len; t++) {
+            s[t] = expf(s[t] - top);
+            total += s[t];
+        }
+        const float inv = 1.0f / total;
+        for (int t = 0; t < context_len; t++)
+            s[t] *= inv;
+    }
+    memset(out, 0, sizeof(float) * (size_t)num_heads * head_dim);
+    for (int start = 0, b = 0; start < context_len; start += block_size, b++) {
+        const int in_block = context_len - start < block_size ? context_len - start : block_size;
+        const float *rows = v_cache + (size_t)table[b] * block_size * row_stride;
+        for (int off = 0; off < in_block; off++) {
+            const float *row = rows + (size_t)off * row_stride;
+            for (int i = 0; i < num_heads; i++) {
+                const float *v = row + (size_t)(i / group) * head_dim;
+                const float w = scores[(size_t)i * context_len + start + off];
+                float *oi = out + (size_t)i * head_dim;
+#pragma omp simd
+                for (int d = 0; d < head_dim; d++)
+                    oi[d] += w * v[d];
+            }
+        }
+    }
+}
+
+/* decode(q, k_cache, v_cache, block_tables, context_lens, out, num_seqs, num_heads, kv_heads, head_dim,
+ *        block_size, max_blocks, cache_blocks, scale) -> None; pointers as ints. */
+static PyObject *decode(PyObject *self, PyObject *args) {
+    unsigned long long q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr;
+    int num_seqs, num_heads, kv_heads, head_dim, block_size, max_blocks, cache_blocks;
+    float scale;
+    if (!PyArg_ParseTuple(args, "KKKKKKiiiiiiif", &q_ptr, &k_ptr, &v_ptr, &tables_ptr, &lens_ptr, &out_ptr,
+                          &num_seqs, &num_heads, &kv_heads, &head_dim, &block_size, &max_blocks,
+                          &cache_blocks, &scale))
+        return NULL;
+    if (num_seqs < 0 || kv_heads < 1 || head_dim < 1 || block_size < 1 || max_blocks < 0 ||
+        num_heads % kv_heads != 0) {
+        PyErr_SetString(PyExc_ValueError, "paged attention: bad sizes");
+        return NULL;
+    }
+    const float *q = (const float *)(uintptr_t)q_ptr;
+    const float *k_cache = (const float *)(uintptr_t)k_ptr;
+    const float *v_cache = (const float *)(uintptr_t)v_ptr;
+    const int32_t *tables = (const int32_t *)(uintptr_t)tables_ptr;
+    const int32_t *lens = (const int32_t *)(uintptr_t)lens_ptr;
+    float *out = (float *)(uintptr_t)out_ptr;
+    int longest = 0;
+    for (int s = 0; s < num_seqs; s++) {
+        const int len = lens[s];
+        if (len < 0 || len > max_blocks * block_size) {
+            PyErr_Format(PyExc_ValueError, "paged attention: context length %d of sequence %d does not fit its "
+                         "block table (%d blocks of %d)", len, s, max_blocks, block_size);
+            return NULL;
+        }
+        const int used = (len + block_size - 1) / block_size;
+        for (int b = 0; b < used; b++) {
+            const int32_t block = tables[(size_t)s * max_blocks + b];
+            if (block < 0 || block >= cache_blocks) {
+                PyErr_Format(PyExc_ValueError, "paged attention: block %d of sequence %d is outside the cache "
+                             "(%d blocks)", (int)block, s, cache_blocks);
+                return NULL;
+            }
+        }
+        longest = len > longest ? len : longest;
+    }
+    float *scores = PyMem_RawMalloc(sizeof(float) * (size_t)num_heads * (longest > 0 ? longest : 1));
+    if (scores == NULL)
+        return PyErr_NoMemory();
+
+    Py_BEGIN_ALLOW_THREADS
+    for (int s = 0; s < num_seqs; s++) {
+        const size_t offset = (size_t)s * num_heads * head_dim;
+        if (lens[s] == 0)
+            memset(out + offset, 0, sizeof(float) * (size_t)num_heads * head_dim);
+        else
+            attend_sequence(q + offset, out + offset, num_heads, kv_heads, head_dim, k_cache, v_cache,
+                            tables + (size_t)s * max_blocks, lens[s], block_size, scale, scores);
+    }
+    Py_END_ALLOW_THREADS
+
+    PyMem_RawFree(scores);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"decode", decode, METH_VARARGS, "Paged decode attention over fp32 K/V blocks (see the module comment)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "worker._paged_attention", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__paged_attention(void) { return PyModule_Create(&module); }
