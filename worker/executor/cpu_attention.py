@@ -3,7 +3,8 @@
 The SDPA backend copies every sequence's K/V into one padded tensor per layer per step; at 32
 sequences of a few hundred tokens that copy, its mask and SDPA's grouped-query expansion were half of a
 decode step. This backend writes the step's new K/V, then reads each sequence's context in place
-through its block table, the query heads that share a KV head together. fp32 only; the executor
+through its block table, once for all heads. A step that mixes decodes with prefill chunks sends the
+decodes here and only the prefill chunks through SDPA (CpuMixedAttention). fp32 only; the executor
 falls back to SDPA where `cpu_decode_available` is False (no compiler at install, other dtypes).
 """
 
@@ -13,7 +14,8 @@ import math
 
 import torch
 
-from worker.executor.attention import StepMetadata
+from worker.executor.attention import SdpaPagedAttention, StepMetadata, build_step_metadata
+from worker.executor.base import StepBatch
 from worker.executor.kv_cache import PagedKVCache
 
 try:
@@ -59,3 +61,36 @@ class CpuPagedDecodeAttention:
         self.kv_cache.write(layer_index, self.meta.slot_mapping, k, v)
         keys, values = self.kv_cache.layer(layer_index)
         return paged_decode_attention(q, keys, values, self.meta.block_tables, self.meta.context_lens)
+
+
+class CpuMixedAttention:
+    """AttentionBackend for a CPU step with decodes and prefill chunks: the decodes through the C kernel,
+    the prefill chunks through SDPA over a gather of their own sequences only. One SDPA call over the
+    whole batch would pad every decode's single query to the longest chunk and gather every context."""
+
+    def __init__(self, kv_cache: PagedKVCache, batch: StepBatch, meta: StepMetadata) -> None:
+        self.kv_cache = kv_cache
+        self.meta = meta
+        device = meta.input_ids.device
+        decode_rows, prefill_rows, row = [], [], 0
+        for chunk in batch.chunks:
+            rows = range(row, row + len(chunk.token_ids))
+            (decode_rows if len(chunk.token_ids) == 1 else prefill_rows).extend(rows)
+            row += len(chunk.token_ids)
+        decodes = StepBatch([c for c in batch.chunks if len(c.token_ids) == 1])
+        prefills = StepBatch([c for c in batch.chunks if len(c.token_ids) > 1])
+        block_size = kv_cache.block_size
+        self.decode_rows = torch.tensor(decode_rows, dtype=torch.long, device=device)
+        self.prefill_rows = torch.tensor(prefill_rows, dtype=torch.long, device=device)
+        self.decode_meta = build_step_metadata(decodes, block_size, device)
+        self.prefill = SdpaPagedAttention(kv_cache, build_step_metadata(prefills, block_size, device))
+
+    def __call__(self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.kv_cache.write(layer_index, self.meta.slot_mapping, k, v)
+        keys, values = self.kv_cache.layer(layer_index)
+        out = torch.empty_like(q)
+        out[self.decode_rows] = paged_decode_attention(q[self.decode_rows], keys, values,
+                                                       self.decode_meta.block_tables, self.decode_meta.context_lens)
+        out[self.prefill_rows] = self.prefill.attention(layer_index, q[self.prefill_rows])
+        return out
+

@@ -15,7 +15,7 @@ import torch
 
 from worker.executor.attention import SdpaPagedAttention, StepMetadata, build_step_metadata
 from worker.executor.base import validate_batch, StepBatch
-from worker.executor.cpu_attention import CpuPagedDecodeAttention, cpu_decode_available
+from worker.executor.cpu_attention import CpuMixedAttention, CpuPagedDecodeAttention, cpu_decode_available
 from worker.executor.cpu_linear import pack_linears, packing_available
 from worker.executor.kv_cache import KVCacheSpec, PagedKVCache, num_blocks_for_memory_fraction
 from worker.executor.sampler import Sampler
@@ -136,14 +136,16 @@ class TorchExecutor:
         if decode_only and self._graphs is not None and self._graphs.fits(len(batch.chunks)):
             return self._graphs.run(batch)
         meta = build_step_metadata(batch, self.block_size, self.device)
-        hidden = self.model(meta.input_ids, meta.positions, self._backend(meta))
+        hidden = self.model(meta.input_ids, meta.positions, self._backend(batch, meta))
         return self.model.compute_logits(hidden[meta.sample_rows])
 
-    def _backend(self, meta: StepMetadata):
+    def _backend(self, batch: StepBatch, meta: StepMetadata):
         if meta.decode_only and self.use_triton:
             return TritonPagedDecodeAttention(self.kv_cache, meta)
         if meta.decode_only and self.cpu_paged_attention:
             return CpuPagedDecodeAttention(self.kv_cache, meta)
+        if self.cpu_paged_attention and any(len(c.token_ids) == 1 for c in batch.chunks):
+            return CpuMixedAttention(self.kv_cache, batch, meta)
         return SdpaPagedAttention(self.kv_cache, meta)
 
     def _validate(self, batch: StepBatch) -> None:
