@@ -98,7 +98,10 @@ class SdpaPagedAttention:
     def __init__(self, kv_cache: PagedKVCache, meta: StepMetadata) -> None:
         self.kv_cache = kv_cache
         self.meta = meta
-        self.mask = causal_padding_mask(meta)
+        # One chunk from position 0 (a prompt with nothing cached): plain causal attention, which SDPA runs
+        # with its fused kernel; an explicit mask sends it down the slower masked path.
+        self.plain_causal = meta.num_seqs == 1 and meta.max_query_len == meta.max_context_len
+        self.mask = None if self.plain_causal else causal_padding_mask(meta)
 
     def __call__(self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.kv_cache.write(layer_index, self.meta.slot_mapping, k, v)
@@ -115,7 +118,7 @@ class SdpaPagedAttention:
         padded_q[meta.query_pad_index] = q
         padded_q = padded_q.view(num_seqs, max_q, *q.shape[1:]).transpose(1, 2)
         out = F.scaled_dot_product_attention(padded_q, gathered_k, gathered_v, attn_mask=self.mask,
-                                             enable_gqa=True)
+                                             is_causal=self.plain_causal, enable_gqa=True)
         return out.transpose(1, 2).reshape(num_seqs * max_q, *q.shape[1:])[meta.query_pad_index]
 
     def _gather(self, cache: torch.Tensor) -> torch.Tensor:
