@@ -96,6 +96,25 @@ def test_a_step_mixing_decodes_and_prefill_chunks_matches_the_sdpa_gather_backen
 
 
 @needs_kernel
+@pytest.mark.parametrize("query_scale", [0.1, 3.0, 40.0], ids=["flat", "peaked", "underflowing"])
+def test_softmax_matches_float64_from_flat_to_scores_whose_exponentials_underflow(query_scale):
+    """The kernel's vectorized exp: scores from near-equal to ones whose e^(s - max) is below FLT_MIN."""
+    torch.manual_seed(int(query_scale * 10))
+    cache = filled_cache(2, 32)
+    keys, values = cache.layer(0)
+    lens = [3, 8, 61, 200]
+    table = torch.arange(NUM_BLOCKS, dtype=torch.int32).view(1, -1).repeat(len(lens), 1)
+    q = torch.randn(len(lens), 6, 32) * query_scale
+    out = paged_decode_attention(q, keys, values, table, torch.tensor(lens, dtype=torch.int32))
+    flat_k = keys[:NUM_BLOCKS].reshape(-1, 2, 32).double().repeat_interleave(3, dim=1)
+    flat_v = values[:NUM_BLOCKS].reshape(-1, 2, 32).double().repeat_interleave(3, dim=1)
+    for row, length in enumerate(lens):
+        scores = torch.einsum("hd,thd->ht", q[row].double(), flat_k[:length]) / 32 ** 0.5
+        expected = torch.einsum("ht,thd->hd", scores.softmax(-1), flat_v[:length])
+        torch.testing.assert_close(out[row].double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
 def test_a_sequence_of_length_zero_yields_zeros():
     cache = filled_cache(2, 8)
     keys, values = cache.layer(0)
