@@ -147,7 +147,7 @@ def test_tensors_of_another_dtype_are_refused():
 
 
 @pytest.mark.skipif(not packing_available(torch.float32), reason="torch without oneDNN")
-@pytest.mark.parametrize("rows", [1, 8, 33], ids=lambda n: f"rows{n}")
+@pytest.mark.parametrize("rows", [1, 8, 33, 256, 300], ids=lambda n: f"rows{n}")
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 def test_packed_linear_equals_nn_linear(rows, bias):
     torch.manual_seed(rows)
@@ -155,6 +155,15 @@ def test_packed_linear_equals_nn_linear(rows, bias):
     x = torch.randn(rows, 48)
     with torch.inference_mode():
         torch.testing.assert_close(PackedLinear(linear)(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+def test_row_counts_fall_into_a_few_buckets():
+    """oneDNN caches a kernel per input shape: a step's row count must not create one per value."""
+    from worker.executor.cpu_linear import ROW_BUCKETS, TILE_ROWS, padded_rows
+
+    assert {padded_rows(rows) for rows in range(1, TILE_ROWS + 1)} == set(ROW_BUCKETS)
+    assert len(ROW_BUCKETS) <= 20
+    assert all(padded_rows(rows) >= rows for rows in range(1, TILE_ROWS + 1))
 
 
 def test_pack_linears_replaces_every_linear_and_keeps_a_tied_embedding():
