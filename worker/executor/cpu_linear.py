@@ -11,7 +11,7 @@ them: a step's row count takes any value up to the token budget, so those caches
 by hundreds of MB. Inputs are therefore padded to one of ROW_BUCKETS rows (up to 8, the next power of two;
 up to TILE_ROWS, the next multiple of 16; beyond, tiles of TILE_ROWS): 20 shapes per weight shape. Padding
 a decode's few rows costs next to nothing (the weights' reading dominates); rows are independent, so
-the padding never changes a real row's result.
+padding rows never mix into a real one (the kernel picked for the padded size may only round differently).
 """
 
 from __future__ import annotations
