@@ -115,10 +115,12 @@ TOKEN = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": M
 
 class StallingWorker(asyncio.Protocol):
     """Answers /health and /metrics; a completion gets its headers (and, with token=True, one token)
-    and then nothing until the gateway closes the connection, which `closed` records."""
+    and then nothing until the gateway closes the connection, which `closed` records; `streaming_started` is set
+    once a completion has been answered that far."""
 
     token = True
     closed: asyncio.Event
+    streaming_started: asyncio.Event
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -139,6 +141,7 @@ class StallingWorker(asyncio.Protocol):
         head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
         event = b"data: " + json.dumps(TOKEN).encode() + b"\n\n"
         self.transport.write(head + (b"%x\r\n%s\r\n" % (len(event), event) if self.token else b""))
+        self.streaming_started.set()
 
     def connection_lost(self, exc) -> None:
         if self.streaming:
@@ -150,6 +153,7 @@ class StallingWorker(asyncio.Protocol):
 def test_a_client_that_leaves_cancels_the_upstream_request_with_one_watcher(stream, token):
     async def scenario() -> tuple[float, int, float]:
         StallingWorker.token, StallingWorker.closed = token, asyncio.Event()
+        StallingWorker.streaming_started = asyncio.Event()
         loop = asyncio.get_running_loop()
         server = await loop.create_server(StallingWorker, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
@@ -165,7 +169,10 @@ def test_a_client_that_leaves_cancels_the_upstream_request_with_one_watcher(stre
                      "state": {"tenant": "t", "request_id": "r1", "trace_headers": {}}}
             tasks_before = len(asyncio.all_tasks())
             request = asyncio.ensure_future(endpoint(scope, client.receive, client.send))
-            await asyncio.sleep(0.2)  # admitted, routed, the worker streaming (or computing its first token)
+            # admitted, routed, the worker streaming (or computing its first token): a fixed 0.2 s was not
+            # always enough on a busy machine
+            await asyncio.wait_for(StallingWorker.streaming_started.wait(), 10.0)
+            await asyncio.sleep(0.1)  # the token (if any) read by the gateway
             tasks_during = len(asyncio.all_tasks()) - tasks_before  # the request's own task and its watcher
             left_at = loop.time()
             client.leave()

@@ -7,6 +7,7 @@ with a bottom-right-aligned causal mask: query i of a chunk starting at position
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -127,3 +128,20 @@ class SdpaPagedAttention:
         num_seqs, max_blocks, block_size, heads, dim = blocks.shape
         flat = blocks.view(num_seqs, max_blocks * block_size, heads, dim)[:, : self.meta.max_context_len]
         return flat.transpose(1, 2)
+
+
+class PagedDecodeAttention:
+    """AttentionBackend for decode-only steps over a kernel that reads the paged cache in place (no
+    gather): write the step's new K/V, then kernel(q, key_cache, value_cache, block_tables, context_lens).
+    Subclasses name the kernel (cpu_attention.py: C; triton_attention.py: Triton)."""
+
+    kernel: Callable[..., torch.Tensor]
+
+    def __init__(self, kv_cache: PagedKVCache, meta: StepMetadata) -> None:
+        self.kv_cache = kv_cache
+        self.meta = meta
+
+    def __call__(self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.kv_cache.write(layer_index, self.meta.slot_mapping, k, v)
+        keys, values = self.kv_cache.layer(layer_index)
+        return type(self).kernel(q.contiguous(), keys, values, self.meta.block_tables, self.meta.context_lens)

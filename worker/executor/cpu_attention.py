@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from worker.executor.attention import SdpaPagedAttention, StepMetadata, build_step_metadata
+from worker.executor.attention import PagedDecodeAttention, SdpaPagedAttention, StepMetadata, build_step_metadata
 from worker.executor.base import StepBatch
 from worker.executor.kv_cache import PagedKVCache
 
@@ -50,17 +50,10 @@ def paged_decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache
     return out
 
 
-class CpuPagedDecodeAttention:
-    """AttentionBackend for decode-only steps on CPU: write new K/V, then the C kernel (no gather)."""
+class CpuPagedDecodeAttention(PagedDecodeAttention):
+    """AttentionBackend for decode-only steps on CPU: the C kernel."""
 
-    def __init__(self, kv_cache: PagedKVCache, meta: StepMetadata) -> None:
-        self.kv_cache = kv_cache
-        self.meta = meta
-
-    def __call__(self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        self.kv_cache.write(layer_index, self.meta.slot_mapping, k, v)
-        keys, values = self.kv_cache.layer(layer_index)
-        return paged_decode_attention(q, keys, values, self.meta.block_tables, self.meta.context_lens)
+    kernel = staticmethod(paged_decode_attention)
 
 
 class CpuMixedAttention:

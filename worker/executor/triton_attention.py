@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from worker.executor.attention import StepMetadata
-from worker.executor.kv_cache import PagedKVCache
+from worker.executor.attention import PagedDecodeAttention
 
 try:
     import triton
@@ -108,14 +107,7 @@ def paged_decode_attention(
     return out
 
 
-class TritonPagedDecodeAttention:
-    """AttentionBackend for decode-only steps: write new K/V, then the Triton kernel (no gather)."""
+class TritonPagedDecodeAttention(PagedDecodeAttention):
+    """AttentionBackend for decode-only steps on CUDA: the Triton kernel."""
 
-    def __init__(self, kv_cache: PagedKVCache, meta: StepMetadata) -> None:
-        self.kv_cache = kv_cache
-        self.meta = meta
-
-    def __call__(self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        self.kv_cache.write(layer_index, self.meta.slot_mapping, k, v)
-        keys, values = self.kv_cache.layer(layer_index)
-        return paged_decode_attention(q.contiguous(), keys, values, self.meta.block_tables, self.meta.context_lens)
+    kernel = staticmethod(paged_decode_attention)
