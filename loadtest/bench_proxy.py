@@ -208,9 +208,11 @@ def start_nginx(port: int, tmp_dir: Path, cpus: set[int] | None) -> ChildProcess
 
 
 def start_kvgate(port: int, upstream_port: int, tmp_dir: Path, cpus: set[int] | None) -> ChildProcess:
-    """kvgate's gateway as bench_gateway runs it: one uvicorn process, kv_aware, `tokenizer: null`."""
+    """kvgate's gateway as bench_gateway runs it: one uvicorn process, kv_aware, `tokenizer: null`; no
+    request log lines, as the peers here write none (sglang-router at `--log-level warn`, LiteLLM without
+    an access log). bench_telemetry measures what the log costs."""
     config = tmp_dir / "gateway.yaml"
-    config.write_text(yaml.safe_dump(gateway_config(port, upstream_port)))
+    config.write_text(yaml.safe_dump({**gateway_config(port, upstream_port), "logging": {"requests": False}}))
     argv = [*_pin(cpus), sys.executable, "-m", "kvgate", "gateway", "--config", str(config)]
     return ChildProcess(KVGATE, argv, tmp_dir / "kvgate.log", f"http://127.0.0.1:{port}/ready",
                         env={"KVGATE_API_KEY": API_KEY})
@@ -470,8 +472,8 @@ A fixed-response upstream ({v['nginx']}, one worker process, echo module) answer
 JSON for `"stream": false`, SSE ({NUM_CHUNKS} content chunks, a usage chunk, `data: [DONE]`, in one write) for
 `"stream": true` (nginx reads the body and picks the answer with a `map` on it). In front of it, each on CPU
 {_cpus(s['cpus']['proxy'])} alone: kvgate's gateway (`python -m kvgate gateway`, one uvicorn process, kv_aware routing
-with `tokenizer: null`; it always asks its worker for a stream, also for a non-streaming client), SGLang's
-router {v['sglang-router']} (`--policy round_robin --disable-health-check --log-level warn`),{litellm} and no proxy
+with `tokenizer: null`, no request log lines (`logging.requests: false`: the peers write none); it always asks
+its worker for a stream, also for a non-streaming client), SGLang's router {v['sglang-router']} (`--policy round_robin --disable-health-check --log-level warn`),{litellm} and no proxy
 ("direct"). nginx and {v['wrk']} (one thread, keep-alive connections, a fixed chat request) share CPU(s)
 {_cpus(s['cpus']['upstream_and_load'])}. Every cell runs each proxy in turn for {s['duration_s']:g} s after a
 {s['warmup_s']:g} s warm-up; {s['rounds']} rounds, the order mirrored in the second; figures are medians over
