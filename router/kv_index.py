@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, count, islice, repeat
-from operator import ge, ne, or_
+from operator import ge, itemgetter, ne, or_
 
 from router.block_keys import chain_block_keys, model_seed
 from router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
@@ -266,8 +266,7 @@ class KvIndex:
         if worker.models_eviction:
             worker.blocks_allocated += len(keys)
             worker.last_used.update(zip(keys, repeat(worker.blocks_allocated)))
-            if len(worker.last_used) > _LAST_USED_SLACK * worker.max_blocks + _LAST_USED_MIN:
-                _forget_evicted(worker)
+            _bound_last_used(worker)
 
     def _apply_removed(self, worker: _Worker, event: BlockRemoved) -> None:
         if self._skips(event.medium):
@@ -312,13 +311,20 @@ class KvIndex:
         the prediction expires: pass a tuple (the collector does not track tuples of ints).
         Only the first max_predicted_keys are kept (a prefix of a chain is a prediction too).
         pin=False for a request this router will not see end (another gateway replica's): its
-        blocks are not counted in use here, since no release() would follow.
+        blocks are not counted in use here, since no release() would follow; they count as used
+        now instead, so match() keeps them until the worker's allocations age them out, as it keeps
+        this router's own (a key never seen counts as evicted: without this, a replica would see
+        nothing of a prefix a peer has just sent to a worker until the worker's events came).
         """
         worker = self._worker(worker_id)
         if not keys:
             return None
-        if pin and worker.models_eviction:  # the request holds every block of its prompt there until it ends
-            worker.in_use.update(keys)
+        if worker.models_eviction:
+            if pin:  # the request holds every block of its prompt there until it ends
+                worker.in_use.update(keys)
+            else:
+                worker.last_used.update(zip(keys, repeat(worker.blocks_allocated)))
+                _bound_last_used(worker)
         if len(keys) > self.max_predicted_keys:
             keys = tuple(keys[: self.max_predicted_keys])
         now = self._clock()
@@ -563,10 +569,21 @@ def _fresh_prefix(keys: Sequence[int], length: int, last_used: Mapping[int, int]
     return lo
 
 
+def _bound_last_used(worker: _Worker) -> None:
+    if len(worker.last_used) > _LAST_USED_SLACK * worker.max_blocks + _LAST_USED_MIN:
+        _forget_evicted(worker)
+
+
 def _forget_evicted(worker: _Worker) -> None:
-    """Drop last-use entries older than the worker's whole capacity: they are evicted whatever the horizon."""
+    """Drop last-use entries older than the worker's whole capacity: they are evicted whatever the
+    horizon; and past max_blocks entries, the least recently used (an LRU cache holds no more than
+    its max_blocks most recent): keys other replicas sent there count as used now, and while the
+    worker's own events lag or stop, its allocations age none of them."""
     oldest = worker.blocks_allocated - worker.max_blocks
-    worker.last_used = {key: used for key, used in worker.last_used.items() if used >= oldest}
+    last_used = {key: used for key, used in worker.last_used.items() if used >= oldest}
+    if len(last_used) > worker.max_blocks:
+        last_used = dict(sorted(last_used.items(), key=itemgetter(1))[-worker.max_blocks:])
+    worker.last_used = last_used
 
 
 def _lengths_of(held: list[int]) -> dict[int, int]:

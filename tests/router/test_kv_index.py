@@ -375,6 +375,19 @@ def test_blocks_of_a_request_in_flight_are_not_evicted_and_age_from_its_end(size
     assert sized.match(keys, {"w0": 31}) == {"w0": (0, 10)}
 
 
+def test_a_peer_replicas_prediction_counts_until_the_worker_allocates_past_it(sized: KvIndex) -> None:
+    """Another gateway replica's request (pin=False: no release will come here) holds nothing in this
+    index's count of blocks in use, but its prefix is counted as used now, as this router's own
+    would be, not as never seen (evicted): until the worker has allocated past it."""
+    _, keys = chain(1000, 10)
+    sized.record_prediction("w0", tuple(keys), pin=False)
+    assert sized.blocks_in_use("w0") == 0
+    assert sized.match(keys, {"w0": 100}) == {"w0": (0, 10)}
+    store_chain(sized, "w0", chain(5000, 90)[0], 100)  # the worker stored 90 blocks of other prompts since
+    assert sized.match(keys, {"w0": 100}) == {"w0": (0, 10)}
+    assert sized.match(keys, {"w0": 80}) == {}
+
+
 def test_a_prediction_lands_when_its_request_has_computed_the_prompt(sized: KvIndex) -> None:
     _, keys = chain(1000, 10)
     sized.record_prediction("w0", tuple(keys))
@@ -416,6 +429,16 @@ def test_last_use_entries_stay_bounded_by_the_capacity(sized: KvIndex) -> None:
     worker = sized._workers["w0"]
     assert len(worker.last_used) <= 4 * 100 + 4096
     assert worker.blocks_allocated == 4000
+
+
+def test_last_use_entries_stay_bounded_while_peers_route_to_a_worker_whose_events_stopped(sized: KvIndex) -> None:
+    """Other replicas' predictions count as used now; with no event from the worker its allocation
+    clock stands still, so only the capacity bounds them: the most recently used are kept."""
+    for i in range(500):
+        sized.record_prediction("w0", tuple(chain(10_000 + 100 * i, 10)[1]), pin=False)
+    assert len(sized._workers["w0"].last_used) <= 4 * 100 + 4096
+    _, last_keys = chain(10_000 + 100 * 499, 10)
+    assert sized.match(last_keys, {"w0": 100}) == {"w0": (0, 10)}
 
 
 def test_a_capacity_learned_later_caps_the_blocks_and_models_evictions_from_then(clock) -> None:

@@ -326,6 +326,27 @@ def test_a_peer_replicas_decision_counts_as_this_routers_own(parts, clock) -> No
     parts.router.peer_routed("gone", keys, None)  # a worker this router does not know: ignored
 
 
+def test_a_replica_sends_a_prefix_after_the_one_a_peer_has_just_sent_it_with_as_the_peer_would(clock) -> None:
+    """Workers of known capacity (their evictions modelled): replica A sends a long new prompt to a
+    worker, whose queue is that prompt's prefill now; replica B hears of the decision and of A's load
+    but not yet of any KV event. The next request sharing the prefix goes to that worker from B as
+    from A: B counts the prefix predicted there, not evicted for never having been seen stored."""
+    long_prompt = list(range(1, 20 * 16 + 1))  # 20 blocks
+
+    def replica() -> Router:
+        pools = {"main": [WorkerSpec(f"w{i}", "m", 16, num_blocks=1000) for i in range(4)]}
+        return Router(pools, RoutingRules((rule("default", "main"),)), clock=clock, rng=random.Random(0))
+
+    a, b = replica(), replica()
+    a.on_routed = b.peer_routed
+    first = a.route(RouteRequest(model="m", prompt=long_prompt))
+    first.dispatched(first.decision.worker_id)
+    b.peer_load("a", a.own_load())
+    follow_up = RouteRequest(model="m", prompt=long_prompt + [7, 8, 9])
+    assert a.route(follow_up).decision.worker_id == first.decision.worker_id
+    assert b.route(follow_up).decision.worker_id == first.decision.worker_id
+
+
 def test_every_decision_is_told_to_on_routed(parts) -> None:
     told = []
     parts.router.on_routed = lambda worker, keys, ttl_s: told.append((worker, keys, ttl_s))
