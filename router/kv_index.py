@@ -362,7 +362,11 @@ class KvIndex:
 
     def release(self, worker_id: str, keys: Sequence[int]) -> None:
         """A request routed to worker_id with keys (record_prediction) has ended: its blocks there
-        are free, and evictable from now on, least recently freed first."""
+        are free, and evictable from now on, least recently freed first. An engine frees a
+        request's blocks tail first (vLLM, and worker/engine/block_manager.py), so of the blocks
+        freed here the deepest goes first: each is made one allocation older than the one before
+        it in the chain. With a cache nearly full, a prompt's blocks are a large part of what is
+        free, and its tail is evicted well before its head."""
         worker = self._workers.get(worker_id)
         if worker is None or not worker.models_eviction:
             return
@@ -374,6 +378,7 @@ class KvIndex:
             elif count:
                 del in_use[key]
                 last_used[key] = now
+                now -= 1
 
     def blocks_in_use(self, worker_id: str) -> int:
         """Distinct prompt blocks the requests routed to worker_id hold now (0 without a known capacity)."""

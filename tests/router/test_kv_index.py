@@ -372,7 +372,19 @@ def test_blocks_of_a_request_in_flight_are_not_evicted_and_age_from_its_end(size
     assert sized.blocks_in_use("w0") == 4
     store_chain(sized, "w0", chain(9000, 30)[0], 300)
     assert sized.match(keys, {"w0": 29}) == {"w0": (0, 4)}  # freed 30 allocations ago; the rest still held
-    assert sized.match(keys, {"w0": 31}) == {"w0": (0, 10)}
+    assert sized.match(keys, {"w0": 36}) == {"w0": (0, 10)}
+
+
+def test_a_released_prompt_is_evicted_tail_first(sized: KvIndex) -> None:
+    """An engine frees a request's blocks deepest first, and evicts the least recently freed: with
+    room for only part of a freed prompt, its head outlives its tail."""
+    _, keys = chain(1000, 10)
+    sized.record_prediction("w0", tuple(keys))
+    sized.release("w0", keys)
+    store_chain(sized, "w0", chain(5000, 20)[0], 100)  # 20 allocations since
+    assert sized.match(keys, {"w0": 30}) == {"w0": (0, 10)}
+    assert sized.match(keys, {"w0": 24}) == {"w0": (0, 4)}  # the 6 deepest freed blocks are the first to go
+    assert sized.match(keys, {"w0": 20}) == {}
 
 
 def test_a_peer_replicas_prediction_counts_until_the_worker_allocates_past_it(sized: KvIndex) -> None:
