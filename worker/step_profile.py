@@ -88,24 +88,16 @@ def instrument(stack: ExitStack, engine: Engine, executor: TorchExecutor, timers
     stack.callback(lambda: [h.remove() for h in handles])
 
 
-def weights_read_ms(model: nn.Module, repeats: int = 5) -> tuple[float, int]:
-    """(ms to read once as many bytes as a decode step's weights hold, those bytes): the memory-bound
-    floor of a batch-1 decode step, timed as a sum over one dense tensor of that size (packed weights
-    are opaque oneDNN tensors). Packed linears count their packed copy; the embedding matrix counts only
-    where lm_head reads it (tied and not packed): a step reads one row of it otherwise."""
+def decode_weight_bytes(model: nn.Module) -> int:
+    """The bytes of weights a decode step reads: its memory-bound floor at batch 1 is this over the
+    memory bandwidth (loadtest/engine_side_by_side.py measures that). Packed linears count their packed
+    copy; the embedding matrix counts only where lm_head reads it (tied and not packed): a step reads
+    one row of it otherwise."""
     embedding = model.model.embed_tokens.weight
     lm_head = getattr(model.lm_head, "weight", None)
     tensors = {id(t): t for t in (*model.parameters(), *model.buffers())
                if t is not embedding or lm_head is embedding}.values()
-    total = sum(t.numel() * t.element_size() for t in tensors)
-    dense = torch.ones(total // 4, dtype=torch.float32)
-    best = float("inf")
-    with torch.inference_mode():
-        for _ in range(repeats):
-            start = time.perf_counter()
-            dense.sum()
-            best = min(best, time.perf_counter() - start)
-    return best * 1e3, total
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def torch_threads(count: int | None = None) -> int:
