@@ -473,8 +473,8 @@ JSON for `"stream": false`, SSE ({NUM_CHUNKS} content chunks, a usage chunk, `da
 `"stream": true` (nginx reads the body and picks the answer with a `map` on it). In front of it, each on CPU
 {_cpus(s['cpus']['proxy'])} alone: kvgate's gateway (`python -m kvgate gateway`, one uvicorn process, kv_aware routing
 with `tokenizer: null`, no request log lines (`logging.requests: false`: the peers write none); it always asks
-its worker for a stream, also for a non-streaming client), SGLang's router {v['sglang-router']} (`--policy round_robin --disable-health-check --log-level warn`),{litellm} and no proxy
-("direct"). nginx and {v['wrk']} (one thread, keep-alive connections, a fixed chat request) share CPU(s)
+its worker for a stream, also for a non-streaming client), SGLang's router {v['sglang-router']}
+(`--policy round_robin --disable-health-check --log-level warn`),{litellm} and no proxy ("direct"). nginx and {v['wrk']} (one thread, keep-alive connections, a fixed chat request) share CPU(s)
 {_cpus(s['cpus']['upstream_and_load'])}. Every cell runs each proxy in turn for {s['duration_s']:g} s after a
 {s['warmup_s']:g} s warm-up; {s['rounds']} rounds, the order mirrored in the second; figures are medians over
 rounds (req/s of each round in brackets). Added = the proxy's latency minus direct's in the same round and cell.
