@@ -1,0 +1,129 @@
+"""kvgate's kv_aware beside SGLang's router on a real vLLM fleet whose caches cannot hold every hot
+prefix, over several seeds (issue #17: hit rate above the static-partition bound and at least
+sglang-router cache_aware's).
+
+One run swings by a few points of hit rate / oracle between seeds, so one run cannot tell which router
+places prefixes better. This runs one `kvgate bench fleet` command per seed (2 vLLM CPU workers with 192
+KV blocks each, 16 tenants with ~600-token prefixes: the hot prefixes do not all fit) through kvgate
+kv_aware and through sglang-router cache_aware, each on a fresh fleet, and judges the means over the
+seeds. The static partition (each tenant on one worker, LRU caches of the fleet's size, simulated over
+the same requests: loadtest/oracle.py) is the bound a router that only pins tenants reaches.
+
+Writes results/fleet-seeds/seed-<S>/ (each run's own results and report) and the
+"real-engines-fleet-seeds" section of docs/benchmarks.md.
+Run: .venv/bin/python -m loadtest.bench_fleet_seeds [--seeds 1,2,3] [--no-doc]
+(installs vLLM's CPU build into results/vllm-venv and needs sglang-router in results/sglang-venv:
+docs/loadtest.md, "Peer routers"; about 10 minutes a seed on 2 cores.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from loadtest.benchdoc import machine_description, replace_section
+
+SECTION = "real-engines-fleet-seeds"
+OUT = Path("results/fleet-seeds")
+SGLANG = ("sglang=results/sglang-venv/bin/python -m sglang_router.launch_router --host 127.0.0.1 "
+          "--worker-urls {worker_urls} --policy cache_aware --port {port} --prometheus-port {metrics_port}")
+FLEET = ["bench", "fleet", "--engine", "vllm", "--workers", "2", "--num-blocks", "192", "--policies", "kv_aware",
+         "--external-command", SGLANG, "--workload", "multi_tenant_long_prefix", "--param", "num_tenants=16",
+         "--param", "prefix_tokens=600", "--param", "output_tokens=16", "--param", "num_requests=400",
+         "--concurrency", "8", "--duration-s", "900"]
+ROUTERS = {"kv_aware": "kvgate kv_aware", "sglang": "sglang-router cache_aware"}
+PREDICTION_TARGET = 0.97
+
+
+def seed_figures(out: Path) -> dict[str, Any]:
+    """Hit rate / oracle of each router and of the static partition, kvgate's prediction hit ratio
+    and each router's errors, from one seed's results."""
+    results = {name: json.loads((out / f"{name}.json").read_text()) for name in ROUTERS}
+    oracle = results["kv_aware"]["oracle"]
+    figures: dict[str, Any] = {
+        name: result["summary"]["prefix_hit_rate"] / oracle["hit_rate"] for name, result in results.items()}
+    figures["static"] = oracle["static_partition_hit_rate"] / oracle["hit_rate"]
+    figures["prediction"] = (results["kv_aware"].get("router") or {}).get("prediction_hit_ratio")
+    figures["errors"] = {name: result["summary"]["num_errors"] for name, result in results.items()}
+    figures["requests"] = {name: result["summary"]["num_requests"] for name, result in results.items()}
+    return figures
+
+
+def verdicts(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, bool]]:
+    """(target, value, bound, pass) for the means over the seeds."""
+    mean = {key: statistics.fmean(row[key] for row in rows) for key in ("kv_aware", "sglang", "static")}
+    ratios = [row["prediction"] for row in rows if row["prediction"] is not None]
+    prediction = min(ratios) if ratios else None
+    return [
+        ("kvgate kv_aware above the static partition (mean hit rate / oracle)",
+         f"{mean['kv_aware']:.3f} vs {mean['static']:.3f}", "above", mean["kv_aware"] > mean["static"]),
+        ("kvgate kv_aware / sglang-router cache_aware (mean hit rate / oracle)",
+         f"{mean['kv_aware']:.3f} vs {mean['sglang']:.3f}", ">= 1x", mean["kv_aware"] >= mean["sglang"]),
+        ("kvgate kv_aware: prediction hit ratio, lowest seed", "-" if prediction is None else f"{prediction:.3f}",
+         f">= {PREDICTION_TARGET}", prediction is not None and prediction >= PREDICTION_TARGET),
+    ]
+
+
+def markdown(result: dict[str, Any]) -> str:
+    rows = result["seeds"]
+    table = "\n".join(
+        f"| {row['seed']} | {row['kv_aware']:.3f} | {row['sglang']:.3f} | {row['static']:.3f} | "
+        f"{'-' if row['prediction'] is None else format(row['prediction'], '.3f')} | "
+        f"{row['errors']['kv_aware']} / {row['errors']['sglang']} |" for row in rows)
+    means = " | ".join(f"{statistics.fmean(row[key] for row in rows):.3f}" for key in ("kv_aware", "sglang", "static"))
+    targets = "\n".join(f"| {name} | {value} | {bound} | {'pass' if ok else 'FAIL'} |"
+                        for name, value, bound, ok in verdicts(rows))
+    return f"""## Routers on a real vLLM fleet short of cache, over several seeds
+
+Command: `{result['command']}`
+Machine: {result['machine']}; run {result['date']}.
+
+Each seed runs `{result['fleet_command']} --seed S`: 2 vLLM CPU workers (SmolLM2-135M-Instruct
+fp32, 192 KV blocks of 32 tokens each, vLLM's KV events to kvgate), 16 tenants with ~600-token
+prefixes (zipf 1.1), 400 requests, 8 in flight, through kvgate kv_aware and through sglang-router
+cache_aware, each on a fresh fleet. Hit rate / oracle (the oracle: every prefix computed once, an
+infinite cache). Static partition: each tenant on one worker with LRU caches of this size, simulated
+over the same requests. Errors: requests that failed, kvgate / sglang-router.
+
+| seed | kvgate kv_aware | sglang-router cache_aware | static partition | kvgate prediction hit ratio | errors |
+|---|---|---|---|---|---|
+{table}
+| mean | {means} | | |
+
+| target (issue #17) | value | target | result |
+|---|---|---|---|
+{targets}
+
+Raw figures and each seed's report: `{OUT}/seed-<S>/`."""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", default="1,2,3", help="comma-separated workload seeds")
+    parser.add_argument("--no-doc", action="store_true", help="leave docs/benchmarks.md alone")
+    args = parser.parse_args()
+    result: dict[str, Any] = {
+        "command": shlex.join(["python", "-m", "loadtest.bench_fleet_seeds", *sys.argv[1:]]),
+        "fleet_command": shlex.join(["kvgate", *FLEET]), "machine": machine_description(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "seeds": []}
+    for seed in (int(s) for s in args.seeds.split(",")):
+        out = OUT / f"seed-{seed}"
+        print(f"[seed {seed}]", flush=True)
+        subprocess.run([sys.executable, "-m", "kvgate", *FLEET, "--seed", str(seed), "--out", str(out)], check=True)
+        result["seeds"].append({"seed": seed, **seed_figures(out)})
+    (OUT / "result.json").write_text(json.dumps(result, indent=2))
+    text = markdown(result)
+    print(text)
+    if not args.no_doc:
+        replace_section(SECTION, text)
+
+
+if __name__ == "__main__":
+    main()
