@@ -3,8 +3,9 @@ prefix, over several seeds (issue #17: hit rate above the static-partition bound
 sglang-router cache_aware's).
 
 One run swings by a few points of hit rate / oracle between seeds, so one run cannot tell which router
-places prefixes better. This runs one `kvgate bench fleet` command per seed (2 vLLM CPU workers with 192
-KV blocks each, 16 tenants with ~600-token prefixes: the hot prefixes do not all fit) through kvgate
+places prefixes better. This runs one `kvgate bench fleet` command per seed (2 vLLM CPU workers with 96
+KV blocks of 32 tokens each, 3,072 tokens a worker, for 16 tenants with ~600-token prefixes: the
+prefixes do not all fit) through kvgate
 kv_aware and through sglang-router cache_aware, each on a fresh fleet, and judges the means over the
 seeds. The static partition (each tenant on one worker, LRU caches of the fleet's size, simulated over
 the same requests: loadtest/oracle.py) is the bound a router that only pins tenants reaches.
@@ -34,7 +35,7 @@ SECTION = "real-engines-fleet-seeds"
 OUT = Path("results/fleet-seeds")
 SGLANG = ("sglang=results/sglang-venv/bin/python -m sglang_router.launch_router --host 127.0.0.1 "
           "--worker-urls {worker_urls} --policy cache_aware --port {port} --prometheus-port {metrics_port}")
-FLEET = ["bench", "fleet", "--engine", "vllm", "--workers", "2", "--num-blocks", "192", "--policies", "kv_aware",
+FLEET = ["bench", "fleet", "--engine", "vllm", "--workers", "2", "--num-blocks", "96", "--policies", "kv_aware",
          "--external-command", SGLANG, "--workload", "multi_tenant_long_prefix", "--param", "num_tenants=16",
          "--param", "prefix_tokens=600", "--param", "output_tokens=16", "--param", "num_requests=400",
          "--concurrency", "8", "--duration-s", "900"]
@@ -86,8 +87,8 @@ Command: `{result['command']}`
 Machine: {result['machine']}; run {result['date']}.
 
 Each seed runs `{result['fleet_command']} --seed S`: 2 vLLM CPU workers (SmolLM2-135M-Instruct
-fp32, 192 KV blocks of 32 tokens each, vLLM's KV events to kvgate), 16 tenants with ~600-token
-prefixes (zipf 1.1), 400 requests, 8 in flight, through kvgate kv_aware and through sglang-router
+fp32, 96 KV blocks of 32 tokens each: 3,072 tokens a worker, vLLM's KV events to kvgate), 16 tenants
+with ~600-token prefixes (zipf 1.1: ~9,600 tokens of prefixes in all), 400 requests, 8 in flight, through kvgate kv_aware and through sglang-router
 cache_aware, each on a fresh fleet. Hit rate / oracle (the oracle: every prefix computed once, an
 infinite cache). Static partition: each tenant on one worker with LRU caches of this size, simulated
 over the same requests. Errors: requests that failed, kvgate / sglang-router.
