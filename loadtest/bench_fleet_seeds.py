@@ -38,7 +38,7 @@ SGLANG = ("sglang=results/sglang-venv/bin/python -m sglang_router.launch_router 
 FLEET = ["bench", "fleet", "--engine", "vllm", "--workers", "2", "--num-blocks", "96", "--policies", "kv_aware",
          "--external-command", SGLANG, "--workload", "multi_tenant_long_prefix", "--param", "num_tenants=16",
          "--param", "prefix_tokens=600", "--param", "output_tokens=16", "--param", "num_requests=400",
-         "--concurrency", "8", "--duration-s", "900"]
+         "--param", "tenant_zipf=1.1", "--concurrency", "8", "--duration-s", "900"]
 ROUTERS = {"kv_aware": "kvgate kv_aware", "sglang": "sglang-router cache_aware"}
 PREDICTION_TARGET = 0.97
 
