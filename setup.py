@@ -2,7 +2,7 @@
 
 router._blockhash computes chained block keys in one call, router._mask_lookup a prompt's
 prefix holders in the KV index (router/block_keys.py and router/mask_table.py fall back to pure
-Python without them); worker._paged_attention is the CPU paged decode attention
+Python without them); worker._paged_attention is the CPU paged decode and prefill attention
 (worker/executor/cpu_attention.py; the SDPA backend serves without it). optional=True: an install without a C compiler warns and still succeeds.
 """
 

@@ -1,7 +1,7 @@
-"""The CPU fast paths of the torch executor against the plain ones they replace: the C paged decode
-attention against the SDPA gather backend, oneDNN-packed linears against nn.Linear, and the executor
-with both against the executor with neither (the transformers checks in test_torch_executor.py run
-with both on)."""
+"""The CPU fast paths of the torch executor against the plain ones they replace: the C paged decode and
+prefill attention against the SDPA gather backend and a float64 reference, oneDNN-packed linears against
+nn.Linear, and the executor with both against the executor with neither (the transformers checks in
+test_torch_executor.py run with both on)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from torch import nn
 
 from worker.executor.attention import SdpaPagedAttention, build_step_metadata
 from worker.executor.base import SeqChunk, StepBatch
-from worker.executor.cpu_attention import (CpuMixedAttention, CpuPagedDecodeAttention, cpu_decode_available,
-                                           paged_decode_attention)
+from worker.executor.cpu_attention import (CpuMixedAttention, CpuPagedDecodeAttention, CpuPagedPrefillAttention,
+                                           cpu_paged_attention_available, paged_decode_attention,
+                                           paged_prefill_attention)
 from worker.executor.cpu_linear import PackedLinear, pack_linears, packing_available
 from worker.executor.kv_cache import KVCacheSpec, PagedKVCache
 from worker.executor.torch_executor import TorchExecutor
@@ -45,7 +46,7 @@ def filled_cache(num_kv_heads: int, head_dim: int) -> PagedKVCache:
 
 
 needs_kernel = pytest.mark.skipif(
-    not cpu_decode_available(PagedKVCache(KVCacheSpec(1, 1, 8, BLOCK_SIZE), 1)),
+    not cpu_paged_attention_available(PagedKVCache(KVCacheSpec(1, 1, 8, BLOCK_SIZE), 1)),
     reason="worker._paged_attention is not built (no C compiler at install)")
 
 
@@ -137,6 +138,117 @@ def test_a_bad_block_table_raises_instead_of_reading_out_of_bounds(table, lens, 
                                torch.tensor(lens, dtype=torch.int32))
 
 
+def prefill_inputs(shapes: list[tuple[int, int]], heads: int, kv_heads: int, head_dim: int, block_size: int,
+                   rng: random.Random) -> tuple[torch.Tensor, ...]:
+    """q, key and value caches, block tables, context and query lengths for sequences of (cached prefix, chunk
+    length), each over blocks scattered through a cache with room to spare."""
+    blocks_each = [-(-(cached + chunk) // block_size) for cached, chunk in shapes]
+    free = list(range(sum(blocks_each) + 7))
+    rng.shuffle(free)
+    tables = [[free.pop() for _ in range(n)] for n in blocks_each]
+    width = max(blocks_each)
+    keys = torch.randn(sum(blocks_each) + 7, block_size, kv_heads, head_dim)
+    values = torch.randn_like(keys)
+    q = torch.randn(sum(chunk for _, chunk in shapes), heads, head_dim)
+    return (q, keys, values, torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+            torch.tensor([cached + chunk for cached, chunk in shapes], dtype=torch.int32),
+            torch.tensor([chunk for _, chunk in shapes], dtype=torch.int32))
+
+
+def causal_reference(q, keys, values, tables, context_lens, query_lens) -> torch.Tensor:
+    """float64: each chunk's token i (position context_len - q_len + i) over keys 0..its position."""
+    block_size, kv_heads, head_dim = keys.shape[1:]
+    group = q.shape[1] // kv_heads
+    outs, row = [], 0
+    for table, length, n in zip(tables.tolist(), context_lens.tolist(), query_lens.tolist()):
+        slots = [table[p // block_size] * block_size + p % block_size for p in range(length)]
+        k = keys.reshape(-1, kv_heads, head_dim)[slots].double().repeat_interleave(group, dim=1)
+        v = values.reshape(-1, kv_heads, head_dim)[slots].double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("thd,khd->htk", q[row:row + n].double(), k) / head_dim ** 0.5
+        positions = torch.arange(length - n, length)
+        scores = scores.masked_fill(torch.arange(length)[None, :] > positions[:, None], float("-inf"))
+        outs.append(torch.einsum("htk,khd->thd", scores.softmax(-1), v))
+        row += n
+    return torch.cat(outs)
+
+
+PREFILL_SHAPES = {  # (cached prefix, chunk length) per sequence
+    "fresh-prompts": [(0, 1), (0, 7), (0, 24), (0, 65)],
+    "chunks-after-prefixes": [(5, 1), (13, 30), (64, 64), (3, 100)],
+    "long-contexts": [(700, 37), (0, 300), (211, 1)],
+}
+
+
+@needs_kernel
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 16), (9, 3, 64), (8, 1, 24), (32, 4, 64)],
+                         ids=["mha", "gqa-3", "mqa-dim24", "gqa-8"])
+@pytest.mark.parametrize("shapes", list(PREFILL_SHAPES.values()), ids=list(PREFILL_SHAPES))
+def test_paged_prefill_matches_a_float64_causal_reference(heads, kv_heads, head_dim, shapes):
+    rng = random.Random(heads * 100 + len(shapes))
+    torch.manual_seed(heads + head_dim)
+    inputs = prefill_inputs(shapes, heads, kv_heads, head_dim, block_size=5, rng=rng)
+    out = paged_prefill_attention(*inputs)
+    torch.testing.assert_close(out.double(), causal_reference(*inputs), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("query_scale,tolerance", [(0.1, 1e-5), (3.0, 1e-5), (40.0, 5e-5)],
+                         ids=["flat", "peaked", "underflowing"])
+def test_prefill_softmax_holds_from_flat_to_scores_whose_exponentials_underflow(query_scale, tolerance):
+    """Scores of magnitude ~40 carry fp32 rounding of ~1e-5 into the weights on their own: fp32 SDPA is off
+    the float64 reference by 2e-5 on the underflowing case too."""
+    torch.manual_seed(int(query_scale * 10))
+    q, *rest = prefill_inputs([(40, 90), (0, 33)], 6, 2, 32, block_size=32, rng=random.Random(3))
+    inputs = (q * query_scale, *rest)
+    torch.testing.assert_close(paged_prefill_attention(*inputs).double(), causal_reference(*inputs),
+                               rtol=tolerance, atol=tolerance)
+
+
+@needs_kernel
+def test_a_prefill_only_step_matches_the_sdpa_gather_backend():
+    rng = random.Random(11)
+    heads, kv_heads, head_dim = 9, 3, 16
+    shapes = [(6, 13), (9, 9), (3, 40)]  # (query tokens, context after the step)
+    free = list(range(NUM_BLOCKS))
+    rng.shuffle(free)
+    chunks = [SeqChunk(seq_id=i, token_ids=[rng.randrange(100) for _ in range(n)], start_pos=length - n,
+                       block_table=[free.pop() for _ in range(-(-length // BLOCK_SIZE))],
+                       sampling=SamplingParams(temperature=0.0))
+              for i, (n, length) in enumerate(shapes)]
+    batch = StepBatch(chunks=chunks)
+    meta = build_step_metadata(batch, BLOCK_SIZE, torch.device("cpu"))
+    tokens = sum(n for n, _ in shapes)
+    q = torch.randn(tokens, heads, head_dim)
+    k, v = torch.randn(tokens, kv_heads, head_dim), torch.randn(tokens, kv_heads, head_dim)
+    ours_cache, reference_cache = filled_cache(kv_heads, head_dim), filled_cache(kv_heads, head_dim)
+    for mine, theirs in zip(ours_cache.layer(0), reference_cache.layer(0)):
+        theirs.copy_(mine)
+    ours = CpuPagedPrefillAttention(ours_cache, batch, meta)(0, q, k, v)
+    reference = SdpaPagedAttention(reference_cache, meta)(0, q, k, v)
+    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
+    for mine, theirs in zip(ours_cache.layer(0), reference_cache.layer(0)):
+        assert torch.equal(mine, theirs)
+
+
+@needs_kernel
+@pytest.mark.parametrize("table,context_lens,query_lens,rows,message", [
+    ([[NUM_BLOCKS + 1]], [2], [2], 2, "outside the cache"),
+    ([[0, -1]], [6], [3], 3, "outside the cache"),
+    ([[0]], [BLOCK_SIZE + 1], [1], 1, "does not fit its block table"),
+    ([[0]], [2], [3], 3, "do not fit its context length"),
+    ([[0], [1]], [2, 2], [2, 1], 2, "add up to 3, not the 2 query rows"),
+], ids=["block-past-the-end", "negative-block", "context-past-the-table", "chunk-past-the-context",
+        "rows-disagree"])
+def test_a_bad_prefill_table_raises_instead_of_reading_out_of_bounds(table, context_lens, query_lens, rows,
+                                                                     message):
+    cache = filled_cache(1, 8)
+    keys, values = cache.layer(0)
+    with pytest.raises(ValueError, match=message):
+        paged_prefill_attention(torch.randn(rows, 1, 8), keys, values, torch.tensor(table, dtype=torch.int32),
+                                torch.tensor(context_lens, dtype=torch.int32),
+                                torch.tensor(query_lens, dtype=torch.int32))
+
+
 @needs_kernel
 def test_tensors_of_another_dtype_are_refused():
     cache = filled_cache(1, 8)
@@ -191,4 +303,4 @@ def test_the_executor_with_the_fast_paths_gives_the_tokens_it_gives_without_them
     plain, plain_executor = run(pack_weights=False, cpu_paged_attention=False)
     assert fast == plain
     assert fast_executor.packed_weights and not plain_executor.packed_weights
-    assert fast_executor.cpu_paged_attention == cpu_decode_available(fast_executor.kv_cache)
+    assert fast_executor.cpu_paged_attention == cpu_paged_attention_available(fast_executor.kv_cache)

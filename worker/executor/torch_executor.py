@@ -1,8 +1,9 @@
 """The torch executor: a Llama-family model over a paged KV cache (CPU, or CUDA with Triton + graphs).
 
 Each step flattens every chunk's tokens into one batch: embeddings, projections and MLPs run once
-for all sequences (on CPU with weights packed once for oneDNN: cpu_linear.py); attention goes through the SDPA gather backend, or on CUDA decode-only steps
-through the Triton paged-decode kernel, replayed from a CUDA graph captured per padded batch size.
+for all sequences (on CPU with weights packed once for oneDNN: cpu_linear.py); attention goes on CPU (fp32) through
+the C paged decode and prefill kernels (cpu_attention.py), on CUDA decode-only steps through the Triton paged-decode
+kernel, replayed from a CUDA graph captured per padded batch size, and otherwise through the SDPA gather backend.
 The lm_head runs only on the last token of chunks that sample.
 """
 
@@ -15,7 +16,8 @@ import torch
 
 from worker.executor.attention import SdpaPagedAttention, StepMetadata, build_step_metadata
 from worker.executor.base import validate_batch, StepBatch
-from worker.executor.cpu_attention import CpuMixedAttention, CpuPagedDecodeAttention, cpu_decode_available
+from worker.executor.cpu_attention import (CpuMixedAttention, CpuPagedDecodeAttention, CpuPagedPrefillAttention,
+                                           cpu_paged_attention_available)
 from worker.executor.cpu_linear import pack_linears, packing_available
 from worker.executor.kv_cache import KVCacheSpec, PagedKVCache, num_blocks_for_memory_fraction
 from worker.executor.sampler import Sampler
@@ -46,7 +48,7 @@ class TorchExecutorConfig:
     use_cuda_graphs: bool = True  # CUDA decode-only steps, needs use_triton
     max_graph_batch_size: int = 128
     pack_weights: bool = True  # CPU: linears in oneDNN's packed layout (cpu_linear.py)
-    cpu_paged_attention: bool = True  # CPU decode-only steps: the C kernel (cpu_attention.py), else SDPA
+    cpu_paged_attention: bool = True  # CPU fp32 steps: the C decode/prefill kernels (cpu_attention.py), else SDPA
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in _DTYPES:
@@ -95,7 +97,7 @@ class TorchExecutor:
         self.packed_weights = pack_weights and self.device.type == "cpu" and packing_available(dtype)
         if self.packed_weights:
             pack_linears(model)
-        self.cpu_paged_attention = cpu_paged_attention and cpu_decode_available(kv_cache)
+        self.cpu_paged_attention = cpu_paged_attention and cpu_paged_attention_available(kv_cache)
         self.use_triton = use_triton and self.device.type == "cuda" and triton_available()
         self._graphs = _DecodeGraphs(self, max_graph_batch_size) if self.use_triton and use_cuda_graphs else None
 
@@ -142,11 +144,13 @@ class TorchExecutor:
     def _backend(self, batch: StepBatch, meta: StepMetadata):
         if meta.decode_only and self.use_triton:
             return TritonPagedDecodeAttention(self.kv_cache, meta)
-        if meta.decode_only and self.cpu_paged_attention:
+        if not self.cpu_paged_attention:
+            return SdpaPagedAttention(self.kv_cache, meta)
+        if meta.decode_only:
             return CpuPagedDecodeAttention(self.kv_cache, meta)
-        if self.cpu_paged_attention and any(len(c.token_ids) == 1 for c in batch.chunks):
+        if any(len(c.token_ids) == 1 for c in batch.chunks):
             return CpuMixedAttention(self.kv_cache, batch, meta)
-        return SdpaPagedAttention(self.kv_cache, meta)
+        return CpuPagedPrefillAttention(self.kv_cache, batch, meta)
 
     def _validate(self, batch: StepBatch) -> None:
         validate_batch(batch, self.block_size, self.num_blocks, self.max_model_len)
