@@ -14,7 +14,7 @@ Writes results/fleet-seeds/seed-<S>/ (each run's own results and report) and the
 "real-engines-fleet-seeds" section of docs/benchmarks.md.
 Run: .venv/bin/python -m loadtest.bench_fleet_seeds [--seeds 1,2,3] [--no-doc]
 (installs vLLM's CPU build into results/vllm-venv and needs sglang-router in results/sglang-venv:
-docs/loadtest.md, "Peer routers"; about 17 minutes a seed on 2 cores: each run starts its vLLM workers.)
+docs/loadtest.md, "Peer routers"; about 16 minutes a seed on 2 cores: each run starts its vLLM workers.)
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ SGLANG = ("sglang=results/sglang-venv/bin/python -m sglang_router.launch_router 
           "--worker-urls {worker_urls} --policy cache_aware --port {port} --prometheus-port {metrics_port}")
 FLEET = ["bench", "fleet", "--engine", "vllm", "--workers", "2", "--num-blocks", "96", "--policies", "kv_aware",
          "--external-command", SGLANG, "--workload", "multi_tenant_long_prefix", "--param", "num_tenants=16",
-         "--param", "prefix_tokens=600", "--param", "output_tokens=16", "--param", "num_requests=240",
+         "--param", "prefix_tokens=600", "--param", "output_tokens=16", "--param", "num_requests=160",
          "--param", "tenant_zipf=1.1", "--concurrency", "8", "--duration-s", "900"]
 ROUTERS = {"kv_aware": "kvgate kv_aware", "sglang": "sglang-router cache_aware"}
 PREDICTION_TARGET = 0.97
@@ -88,7 +88,7 @@ Machine: {result['machine']}; run {result['date']}.
 
 Each seed runs `{result['fleet_command']} --seed S`: 2 vLLM CPU workers (SmolLM2-135M-Instruct
 fp32, 96 KV blocks of 32 tokens each: 3,072 tokens a worker, vLLM's KV events to kvgate), 16 tenants
-with ~600-token prefixes (zipf 1.1: ~9,600 tokens of prefixes in all), 240 requests, 8 in flight,
+with ~600-token prefixes (zipf 1.1: ~9,600 tokens of prefixes in all), 160 requests, 8 in flight,
 through kvgate kv_aware and through sglang-router cache_aware, each on a fresh fleet. Hit rate / oracle (the oracle: every prefix computed once, an
 infinite cache). Static partition: each tenant on one worker with LRU caches of this size, simulated
 over the same requests. Errors: requests that failed, kvgate / sglang-router.
