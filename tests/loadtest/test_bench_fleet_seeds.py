@@ -1,0 +1,54 @@
+"""bench_fleet_seeds: each seed's figures from its runs' results, the verdicts on the means over seeds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loadtest.bench_fleet_seeds import FLEET, markdown, seed_figures, verdicts
+
+
+def _result(path: Path, hit_rate: float, errors: int = 0, prediction: float | None = None) -> None:
+    result = {"summary": {"prefix_hit_rate": hit_rate, "num_errors": errors, "num_requests": 160},
+              "oracle": {"hit_rate": 0.8, "static_partition_hit_rate": 0.6}}
+    if prediction is not None:
+        result["router"] = {"prediction_hit_ratio": prediction}
+    path.write_text(json.dumps(result))
+
+
+def test_seed_figures_set_each_router_and_the_static_partition_against_the_oracle(tmp_path: Path) -> None:
+    _result(tmp_path / "kv_aware.json", 0.72, prediction=0.99)
+    _result(tmp_path / "sglang.json", 0.68, errors=3)
+    figures = seed_figures(tmp_path)
+    assert figures["kv_aware"] == pytest.approx(0.9)
+    assert figures["sglang"] == pytest.approx(0.85)
+    assert figures["static"] == pytest.approx(0.75)
+    assert figures["prediction"] == 0.99
+    assert figures["errors"] == {"kv_aware": 0, "sglang": 3}
+
+
+def _row(seed: int, kv_aware: float, sglang: float, static: float, prediction: float | None = 0.99) -> dict:
+    return {"seed": seed, "kv_aware": kv_aware, "sglang": sglang, "static": static, "prediction": prediction,
+            "errors": {"kv_aware": 0, "sglang": 0}}
+
+
+def test_the_verdicts_are_on_the_means_over_seeds() -> None:
+    rows = [_row(1, 0.80, 0.84, 0.70), _row(2, 0.90, 0.84, 0.72), _row(3, 0.88, 0.84, 0.74)]  # kv_aware mean 0.86
+    assert [ok for *_, ok in verdicts(rows)] == [True, True, True]
+    behind = [_row(1, 0.80, 0.86, 0.70), _row(2, 0.84, 0.86, 0.96)]  # kv_aware 0.82, static 0.83
+    assert [ok for *_, ok in verdicts(behind)] == [False, False, True]
+
+
+def test_a_missing_or_low_prediction_ratio_fails_its_target() -> None:
+    assert verdicts([_row(1, 0.9, 0.8, 0.7, prediction=None)])[2][3] is False
+    assert verdicts([_row(1, 0.9, 0.8, 0.7), _row(2, 0.9, 0.8, 0.7, prediction=0.95)])[2][1] == "0.950"
+
+
+def test_the_section_names_the_fleet_command_and_a_row_per_seed() -> None:
+    result = {"command": "python -m loadtest.bench_fleet_seeds", "fleet_command": "kvgate " + " ".join(FLEET),
+              "machine": "m", "date": "d", "seeds": [_row(1, 0.9, 0.8, 0.7), _row(2, 0.8, 0.8, 0.7)]}
+    text = markdown(result)
+    assert "--num-blocks 96" in text and "| 1 | 0.900 | 0.800 | 0.700 | 0.990 | 0 / 0 |" in text
+    assert "| mean | 0.850 | 0.800 | 0.700 | | |" in text and "FAIL" not in text
