@@ -66,7 +66,7 @@ def instrument(stack: ExitStack, engine: Engine, executor: TorchExecutor, timers
     patch(executor, "forward_logits", "forward and logits")
     patch(executor.sampler, "sample", "sampling")
     patch(torch_executor_module, "build_step_metadata", "step metadata")
-    patch(attention_module, "apply_rotary", "rope")
+    patch(attention_module, "apply_rotary_qk", "rope")
     patch(IncrementalDetokenizer, "add_token", "detokenization")
     original_backend = executor._backend
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from worker.model.config import ModelConfig
 from worker.model.norm import RMSNorm
-from worker.model.rope import apply_rotary
+from worker.model.rope import apply_rotary_qk
 
 
 class AttentionBackend(Protocol):
@@ -54,6 +54,6 @@ class SelfAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = cos_sin
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = apply_rotary_qk(q, k, cos, sin)
         out = backend(self.layer_index, q, k, v)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))

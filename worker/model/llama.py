@@ -3,6 +3,9 @@
 Parameter names match Hugging Face checkpoints except two fused projections, which the loader stacks
 from the checkpoint's tensors: self_attn.qkv_proj (q_proj, k_proj, v_proj) and mlp.gate_up_proj
 (gate_proj, up_proj).
+
+The residual stream runs beside the layers' outputs (as in vLLM): each norm adds the last sublayer's output
+into it and normalizes the sum, one fused call on CPU fp32 (norm.py).
 """
 
 from __future__ import annotations
@@ -25,9 +28,17 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], backend: AttentionBackend):
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                backend: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        """(MLP output, residual stream): x is the last layer's MLP output to add into residual, or, with
+        residual None, the embeddings (the first layer)."""
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, cos_sin, backend)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class DecoderModel(nn.Module):
@@ -51,11 +62,11 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids)
+        x, residual = self.model.embed_tokens(input_ids), None
         cos_sin = self.model.rotary_emb.cos_sin(positions, x.dtype)
         for layer in self.model.layers:
-            x = layer(x, cos_sin, backend)
-        return self.model.norm(x)
+            x, residual = layer(x, residual, cos_sin, backend)
+        return self.model.norm(x, residual)[0]  # config.num_layers >= 1: residual is a tensor
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] in fp32 for the given rows of final hidden states."""

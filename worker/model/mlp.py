@@ -1,10 +1,13 @@
-"""SwiGLU MLP: down(silu(gate(x)) * up(x)), gate and up as one matmul (gate_up_proj)."""
+"""SwiGLU MLP: down(silu(gate(x)) * up(x)), gate and up as one matmul (gate_up_proj); silu(gate) * up in one
+fused C call on CPU fp32 (cpu_ops.py)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from worker.model import cpu_ops
 
 
 class GatedMLP(nn.Module):
@@ -15,5 +18,8 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if cpu_ops.usable(gate_up) and gate_up.dim() == 2:
+            return self.down_proj(cpu_ops.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)

@@ -1,4 +1,5 @@
-"""Rotary position embedding: inverse frequencies (default, linear, llama3) and their application."""
+"""Rotary position embedding: inverse frequencies (default, linear, llama3) and their application (on CPU
+fp32 one fused C call for q and k, cpu_ops.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 import torch
 from torch import nn
 
+from worker.model import cpu_ops
 from worker.model.config import RopeConfig
 
 
@@ -45,6 +47,15 @@ class RotaryEmbedding(nn.Module):
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq.to(torch.float32)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
         return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                    sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, heads, head_dim] and k [T, kv_heads, head_dim] rotated; the fused CPU path rotates them in place."""
+    if cpu_ops.heads_usable(q, k) and cpu_ops.usable(cos, sin) and q.shape[-1] % 2 == 0:
+        cpu_ops.rotary_(q, k, cos, sin)
+        return q, k
+    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
