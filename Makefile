@@ -21,7 +21,7 @@ install: $(STAMP)
 model: $(STAMP)
 	$(PY) -m worker.model.default_model
 
-$(STAMP): pyproject.toml setup.py $(wildcard router/*.c worker/*.c)
+$(STAMP): pyproject.toml setup.py $(wildcard router/*.c worker/*.c worker/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
 	# Every part (gateway, worker, load tests) and the test tools; `pip install kvgate` alone is the gateway.

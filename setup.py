@@ -23,9 +23,9 @@ setup(
         Extension(name, sources=[f"{name.replace('.', '/')}.c"], extra_compile_args=FLAGS, optional=True)
         for name in ("router._blockhash", "router._mask_lookup")
     ] + [
-        Extension("worker._paged_attention", sources=["worker/_paged_attention.c"],
+        Extension("worker._paged_attention", sources=["worker/_paged_attention.c"], depends=["worker/_vec.h"],
                   extra_compile_args=FLAGS + SIMD_FLAGS, optional=True),
-        Extension("worker._cpu_ops", sources=["worker/_cpu_ops.c"],
+        Extension("worker._cpu_ops", sources=["worker/_cpu_ops.c"], depends=["worker/_vec.h"],
                   extra_compile_args=FLAGS + NO_CONTRACT_FLAGS, optional=True),
     ]
 )

@@ -19,39 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* 8 floats in a vector register (GCC/Clang vector extension: one ymm with AVX2, half a zmm with AVX-512,
- * two xmm otherwise); loads and stores through memcpy, which compile to unaligned vector moves. */
-typedef float f8 __attribute__((vector_size(32)));
-typedef int32_t i8 __attribute__((vector_size(32)));
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wpsabi" /* f8 values never cross a call: every helper is inlined */
-#endif
-
-/* The hot loops are compiled three times, for AVX-512, AVX2 and baseline x86-64, and picked at load. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define CLONES
-#endif
-
-static inline __attribute__((always_inline)) f8 load8(const float *p) {
-    f8 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline __attribute__((always_inline)) void store8(float *p, f8 v) { memcpy(p, &v, sizeof v); }
-
-/* lanes of a where mask is all ones, of b elsewhere (C has no ?: on vectors) */
-static inline __attribute__((always_inline)) f8 select8(i8 mask, f8 a, f8 b) {
-    i8 a_bits, b_bits;
-    memcpy(&a_bits, &a, sizeof a_bits);
-    memcpy(&b_bits, &b, sizeof b_bits);
-    const i8 bits = (a_bits & mask) | (b_bits & ~mask);
-    f8 v;
-    memcpy(&v, &bits, sizeof v);
-    return v;
-}
+#include "_vec.h"
 
 /* ---- RMSNorm: out = weight * (x * rsqrt(mean(x^2) + eps)) ---- */
 
@@ -142,9 +110,9 @@ CLONES static void rotate_heads(float *x, Py_ssize_t tokens, int heads, int head
 
 /* ---- SiLU(gate) * up ---- */
 
-/* e^x, 8 at a time, x clamped to [-87, 88] (e^x stays a normal float; SiLU below needs no more): x = n ln2 + r
- * with |r| <= ln2 / 2, e^r by the minimax polynomial of Cephes' expf (about 1 ulp), times 2^n built in the
- * exponent bits. torch uses Sleef's expf (also about 1 ulp); libm's scalar expf would be most of the op. */
+/* e^x, 8 at a time, x clamped to [-87, 88] (e^x stays a normal float; SiLU below needs no more), by Cephes'
+ * expf polynomial (exp_reduced8 in _vec.h, about 1 ulp). torch uses Sleef's expf (also about 1 ulp); libm's
+ * scalar expf would be most of the op. */
 static inline __attribute__((always_inline)) f8 exp8(f8 x) {
     const f8 zero = {0}, lowest = zero - 87.0f, highest = zero + 88.0f;
     x = select8(x < lowest, lowest, x);
@@ -153,20 +121,7 @@ static inline __attribute__((always_inline)) f8 exp8(f8 x) {
     /* round to nearest: truncate t + 1/2 toward zero, then step down where that rounded a negative up */
     i8 n_int = __builtin_convertvector(t + 0.5f, i8);
     n_int -= (i8)(__builtin_convertvector(n_int, f8) > t + 0.5f) & 1;
-    const f8 n = __builtin_convertvector(n_int, f8);
-    f8 r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    f8 p = 1.9875691500e-4f * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    i8 bits;
-    memcpy(&bits, &p, sizeof bits);
-    bits += n_int << 23;
-    memcpy(&p, &bits, sizeof p);
-    return p;
+    return exp_reduced8(x, n_int);
 }
 
 /* out[t] = silu(gate_up[t, :I]) * gate_up[t, I:], silu(g) = g / (1 + e^-g) as torch's CPU kernel writes it.

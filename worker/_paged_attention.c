@@ -26,18 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* 8 floats in a vector register (GCC/Clang vector extension: one ymm with AVX2, half a zmm with AVX-512,
- * two xmm otherwise); loads through memcpy, which compiles to unaligned vector loads. */
-typedef float f8 __attribute__((vector_size(32)));
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wpsabi" /* f8 values never cross a call: every helper is inlined */
-#endif
-
-static inline __attribute__((always_inline)) f8 load8(const float *p) {
-    f8 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
+#include "_vec.h"
 
 /* a . b over n floats: vector partial sums, then the 8 lanes added in registers (a plain reduction loop
  * compiled to 16 in-order scalar adds through memory, which dominated the kernel). */
@@ -57,44 +46,20 @@ static inline __attribute__((always_inline)) float dot(const float *a, const flo
     return total;
 }
 
-typedef int32_t i8 __attribute__((vector_size(32)));
-
-/* e^x for x <= 0 (scores minus their maximum), 8 at a time: x = n ln2 + r with |r| <= ln2 / 2, e^r by
- * the minimax polynomial of Cephes' expf (about 1 ulp), times 2^n built in the exponent bits; below
- * -87 (e^x under FLT_MIN) gives 0. A libm expf per score was ~7% of a 32-sequence decode step. */
+/* e^x for x <= 0 (scores minus their maximum), 8 at a time (exp_reduced8 in _vec.h); below -87 (e^x under
+ * FLT_MIN) gives 0. A libm expf per score was ~7% of a 32-sequence decode step. */
 static inline __attribute__((always_inline)) f8 exp8(f8 x) {
     const i8 underflow = x < -87.0f; /* lanes all ones where true */
-    i8 xbits, floor_bits;
-    const f8 floor = x - x - 87.0f;
-    memcpy(&xbits, &x, sizeof xbits);
-    memcpy(&floor_bits, &floor, sizeof floor_bits);
-    xbits = (xbits & ~underflow) | (floor_bits & underflow);
-    memcpy(&x, &xbits, sizeof x);
+    x = select8(underflow, x - x - 87.0f, x);
     /* n = round(x / ln2): x <= 0, so truncating x / ln2 - 0.5 toward zero rounds to nearest */
-    const i8 n_int = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, i8);
-    const f8 n = __builtin_convertvector(n_int, f8);
-    f8 r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    f8 p = 1.9875691500e-4f * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    i8 bits;
-    memcpy(&bits, &p, sizeof bits);
-    bits = (bits + (n_int << 23)) & ~underflow;
-    f8 result;
-    memcpy(&result, &bits, sizeof result);
-    return result;
+    const f8 e = exp_reduced8(x, __builtin_convertvector(x * 1.44269504088896341f - 0.5f, i8));
+    return select8(underflow, x - x, e);
 }
 
 /* One sequence: out[i] = softmax(q[i] . K_h^T * scale) V_h for every query head i, where h = i / group.
  * The context is walked block by block and each cache row ([kv heads, head dim], contiguous) is read
  * once for all heads: sequential reads the prefetcher follows. scores holds [heads, context_len]. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
+CLONES
 static void attend_sequence(const float *q, float *out, int num_heads, int kv_heads, int head_dim,
                             const float *k_cache, const float *v_cache, const int32_t *table, int context_len,
                             int block_size, float scale, float *scores) {
@@ -154,6 +119,45 @@ static void attend_sequence(const float *q, float *out, int num_heads, int kv_he
     }
 }
 
+/* Checks of a call's tables: every context fits its block table, every used block id is in the cache; with
+ * query_lens (prefill; decode passes NULL: one query token per sequence), every chunk fits its context and the
+ * chunks add up to the num_tokens query rows. Returns the longest context, or -1 with a ValueError set. */
+static int check_tables(const int32_t *tables, const int32_t *context_lens, const int32_t *query_lens,
+                                int num_seqs, int num_tokens, int block_size, int max_blocks, int cache_blocks) {
+    long long total = 0;
+    int longest = 0;
+    for (int s = 0; s < num_seqs; s++) {
+        const int len = context_lens[s], q_len = query_lens != NULL ? query_lens[s] : 0;
+        if (len < 0 || len > max_blocks * block_size) {
+            PyErr_Format(PyExc_ValueError, "paged attention: context length %d of sequence %d does not fit its "
+                         "block table (%d blocks of %d)", len, s, max_blocks, block_size);
+            return -1;
+        }
+        if (q_len < 0 || q_len > len) {
+            PyErr_Format(PyExc_ValueError, "paged attention: %d query tokens of sequence %d do not fit its "
+                         "context length %d", q_len, s, len);
+            return -1;
+        }
+        const int used = (len + block_size - 1) / block_size;
+        for (int b = 0; b < used; b++) {
+            const int32_t block = tables[(size_t)s * max_blocks + b];
+            if (block < 0 || block >= cache_blocks) {
+                PyErr_Format(PyExc_ValueError, "paged attention: block %d of sequence %d is outside the cache "
+                             "(%d blocks)", (int)block, s, cache_blocks);
+                return -1;
+            }
+        }
+        total += q_len;
+        longest = len > longest ? len : longest;
+    }
+    if (query_lens != NULL && total != num_tokens) {
+        PyErr_Format(PyExc_ValueError, "paged attention: query lengths add up to %lld, not the %d query rows",
+                     total, num_tokens);
+        return -1;
+    }
+    return longest;
+}
+
 /* decode(q, k_cache, v_cache, block_tables, context_lens, out, num_seqs, num_heads, kv_heads, head_dim,
  *        block_size, max_blocks, cache_blocks, scale) -> None; pointers as ints. */
 static PyObject *decode(PyObject *self, PyObject *args) {
@@ -175,25 +179,9 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     const int32_t *tables = (const int32_t *)(uintptr_t)tables_ptr;
     const int32_t *lens = (const int32_t *)(uintptr_t)lens_ptr;
     float *out = (float *)(uintptr_t)out_ptr;
-    int longest = 0;
-    for (int s = 0; s < num_seqs; s++) {
-        const int len = lens[s];
-        if (len < 0 || len > max_blocks * block_size) {
-            PyErr_Format(PyExc_ValueError, "paged attention: context length %d of sequence %d does not fit its "
-                         "block table (%d blocks of %d)", len, s, max_blocks, block_size);
-            return NULL;
-        }
-        const int used = (len + block_size - 1) / block_size;
-        for (int b = 0; b < used; b++) {
-            const int32_t block = tables[(size_t)s * max_blocks + b];
-            if (block < 0 || block >= cache_blocks) {
-                PyErr_Format(PyExc_ValueError, "paged attention: block %d of sequence %d is outside the cache "
-                             "(%d blocks)", (int)block, s, cache_blocks);
-                return NULL;
-            }
-        }
-        longest = len > longest ? len : longest;
-    }
+    const int longest = check_tables(tables, lens, NULL, num_seqs, num_seqs, block_size, max_blocks, cache_blocks);
+    if (longest < 0)
+        return NULL;
     float *scores = PyMem_RawMalloc(sizeof(float) * (size_t)num_heads * (longest > 0 ? longest : 1));
     if (scores == NULL)
         return PyErr_NoMemory();
@@ -564,9 +552,7 @@ static inline __attribute__((always_inline)) void finish_tile(const struct prefi
  * Per KV head: pack its K/V, then per query tile walk the key blocks up to the tile's last position (blocks
  * past every row's causal limit are never touched), scores -> online softmax -> P V.
  * "arch=x86-64-v3" is AVX2 with FMA: a plain "avx2" clone has no FMA and would split every multiply-add. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
+CLONES
 static void prefill_sequence(const struct prefill_shape *sh, const float *q, float *out, int q_len, int context_len,
                              const float *k_cache, const float *v_cache, const int32_t *table,
                              struct prefill_scratch *w) {
@@ -595,45 +581,6 @@ static void prefill_sequence(const struct prefill_shape *sh, const float *q, flo
     }
 }
 
-/* Checks of a call's tables (decode's, plus query lengths): every context fits its block table, every used
- * block id is in the cache, every chunk fits its context and the chunks add up to the query rows. Returns the
- * longest context, or -1 with a ValueError set. */
-static int check_prefill_tables(const int32_t *tables, const int32_t *context_lens, const int32_t *query_lens,
-                                int num_seqs, int num_tokens, int block_size, int max_blocks, int cache_blocks) {
-    long long total = 0;
-    int longest = 0;
-    for (int s = 0; s < num_seqs; s++) {
-        const int len = context_lens[s], q_len = query_lens[s];
-        if (len < 0 || len > max_blocks * block_size) {
-            PyErr_Format(PyExc_ValueError, "paged attention: context length %d of sequence %d does not fit its "
-                         "block table (%d blocks of %d)", len, s, max_blocks, block_size);
-            return -1;
-        }
-        if (q_len < 0 || q_len > len) {
-            PyErr_Format(PyExc_ValueError, "paged attention: %d query tokens of sequence %d do not fit its "
-                         "context length %d", q_len, s, len);
-            return -1;
-        }
-        const int used = (len + block_size - 1) / block_size;
-        for (int b = 0; b < used; b++) {
-            const int32_t block = tables[(size_t)s * max_blocks + b];
-            if (block < 0 || block >= cache_blocks) {
-                PyErr_Format(PyExc_ValueError, "paged attention: block %d of sequence %d is outside the cache "
-                             "(%d blocks)", (int)block, s, cache_blocks);
-                return -1;
-            }
-        }
-        total += q_len;
-        longest = len > longest ? len : longest;
-    }
-    if (total != num_tokens) {
-        PyErr_Format(PyExc_ValueError, "paged attention: query lengths add up to %lld, not the %d query rows",
-                     total, num_tokens);
-        return -1;
-    }
-    return longest;
-}
-
 /* prefill(q, k_cache, v_cache, block_tables, context_lens, query_lens, out, num_seqs, num_tokens, num_heads,
  *         kv_heads, head_dim, block_size, max_blocks, cache_blocks, scale) -> None; pointers as ints.
  * q and out are [num_tokens, num_heads, head_dim], each sequence's query_lens[s] rows after the last's. */
@@ -653,7 +600,7 @@ static PyObject *prefill(PyObject *self, PyObject *args) {
     const int32_t *tables = (const int32_t *)(uintptr_t)tables_ptr;
     const int32_t *context_lens = (const int32_t *)(uintptr_t)lens_ptr;
     const int32_t *query_lens = (const int32_t *)(uintptr_t)qlens_ptr;
-    const int longest = check_prefill_tables(tables, context_lens, query_lens, num_seqs, num_tokens, block_size,
+    const int longest = check_tables(tables, context_lens, query_lens, num_seqs, num_tokens, block_size,
                                              max_blocks, cache_blocks);
     if (longest < 0)
         return NULL;

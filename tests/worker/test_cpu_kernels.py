@@ -71,12 +71,15 @@ def test_paged_decode_matches_the_sdpa_gather_backend(heads, kv_heads, context_l
 
 
 @needs_kernel
-def test_a_step_mixing_decodes_and_prefill_chunks_matches_the_sdpa_gather_backend():
-    rng = random.Random(7)
-    heads, kv_heads, head_dim = 9, 3, 16
+@pytest.mark.parametrize("backend,shapes,seed", [
     # (query tokens, context after the step): a decode, a prefill chunk over a cached prefix, a fresh prompt,
-    # another decode.
-    shapes = [(1, 30), (6, 13), (9, 9), (1, 5)]
+    # another decode
+    (CpuMixedAttention, [(1, 30), (6, 13), (9, 9), (1, 5)], 7),
+    (CpuPagedPrefillAttention, [(6, 13), (9, 9), (3, 40)], 11),
+], ids=["mixed-step", "prefill-only-step"])
+def test_a_step_with_prefill_chunks_matches_the_sdpa_gather_backend(backend, shapes, seed):
+    rng = random.Random(seed)
+    heads, kv_heads, head_dim = 9, 3, 16
     free = list(range(NUM_BLOCKS))
     rng.shuffle(free)
     chunks = [SeqChunk(seq_id=i, token_ids=[rng.randrange(100) for _ in range(n)], start_pos=length - n,
@@ -91,9 +94,11 @@ def test_a_step_mixing_decodes_and_prefill_chunks_matches_the_sdpa_gather_backen
     ours_cache, reference_cache = filled_cache(kv_heads, head_dim), filled_cache(kv_heads, head_dim)
     for mine, theirs in zip(ours_cache.layer(0), reference_cache.layer(0)):
         theirs.copy_(mine)
-    ours = CpuMixedAttention(ours_cache, batch, meta)(0, q, k, v)
+    ours = backend(ours_cache, batch, meta)(0, q, k, v)
     reference = SdpaPagedAttention(reference_cache, meta)(0, q, k, v)
     torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
+    for mine, theirs in zip(ours_cache.layer(0), reference_cache.layer(0)):
+        assert torch.equal(mine, theirs)  # the new K/V written to the same slots
 
 
 @needs_kernel
@@ -202,32 +207,6 @@ def test_prefill_softmax_holds_from_flat_to_scores_whose_exponentials_underflow(
     inputs = (q * query_scale, *rest)
     torch.testing.assert_close(paged_prefill_attention(*inputs).double(), causal_reference(*inputs),
                                rtol=tolerance, atol=tolerance)
-
-
-@needs_kernel
-def test_a_prefill_only_step_matches_the_sdpa_gather_backend():
-    rng = random.Random(11)
-    heads, kv_heads, head_dim = 9, 3, 16
-    shapes = [(6, 13), (9, 9), (3, 40)]  # (query tokens, context after the step)
-    free = list(range(NUM_BLOCKS))
-    rng.shuffle(free)
-    chunks = [SeqChunk(seq_id=i, token_ids=[rng.randrange(100) for _ in range(n)], start_pos=length - n,
-                       block_table=[free.pop() for _ in range(-(-length // BLOCK_SIZE))],
-                       sampling=SamplingParams(temperature=0.0))
-              for i, (n, length) in enumerate(shapes)]
-    batch = StepBatch(chunks=chunks)
-    meta = build_step_metadata(batch, BLOCK_SIZE, torch.device("cpu"))
-    tokens = sum(n for n, _ in shapes)
-    q = torch.randn(tokens, heads, head_dim)
-    k, v = torch.randn(tokens, kv_heads, head_dim), torch.randn(tokens, kv_heads, head_dim)
-    ours_cache, reference_cache = filled_cache(kv_heads, head_dim), filled_cache(kv_heads, head_dim)
-    for mine, theirs in zip(ours_cache.layer(0), reference_cache.layer(0)):
-        theirs.copy_(mine)
-    ours = CpuPagedPrefillAttention(ours_cache, batch, meta)(0, q, k, v)
-    reference = SdpaPagedAttention(reference_cache, meta)(0, q, k, v)
-    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
-    for mine, theirs in zip(ours_cache.layer(0), reference_cache.layer(0)):
-        assert torch.equal(mine, theirs)
 
 
 @needs_kernel
