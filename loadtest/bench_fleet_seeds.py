@@ -12,7 +12,7 @@ the same requests: loadtest/oracle.py) is the bound a router that only pins tena
 
 Writes results/fleet-seeds/seed-<S>/ (each run's own results and report) and the
 "real-engines-fleet-seeds" section of docs/benchmarks.md.
-Run: .venv/bin/python -m loadtest.bench_fleet_seeds [--seeds 1,2,3] [--no-doc]
+Run: .venv/bin/python -m loadtest.bench_fleet_seeds [--seeds 1,2,3] [--no-doc | --doc-only]
 (installs vLLM's CPU build into results/vllm-venv and needs sglang-router in results/sglang-venv:
 docs/loadtest.md, "Peer routers"; about 16 minutes a seed on 2 cores: each run starts its vLLM workers.)
 """
@@ -89,9 +89,10 @@ Machine: {result['machine']}; run {result['date']}.
 Each seed runs `{result['fleet_command']} --seed S`: 2 vLLM CPU workers (SmolLM2-135M-Instruct
 fp32, 96 KV blocks of 32 tokens each: 3,072 tokens a worker, vLLM's KV events to kvgate), 16 tenants
 with ~600-token prefixes (zipf 1.1: ~9,600 tokens of prefixes in all), 160 requests, 8 in flight,
-through kvgate kv_aware and through sglang-router cache_aware, each on a fresh fleet. Hit rate / oracle (the oracle: every prefix computed once, an
-infinite cache). Static partition: each tenant on one worker with LRU caches of this size, simulated
-over the same requests. Errors: requests that failed, kvgate / sglang-router.
+through kvgate kv_aware and through sglang-router cache_aware, each on a fresh fleet. Hit rate / oracle
+(the oracle: every prefix computed once, an infinite cache), over the requests each router served.
+Static partition: each tenant on one worker with LRU caches of this size, simulated over the same
+requests. Errors: requests that failed (kvgate / sglang-router; a refusal is a 503).
 
 | seed | kvgate kv_aware | sglang-router cache_aware | static partition | kvgate prediction hit ratio | errors |
 |---|---|---|---|---|---|
@@ -109,7 +110,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated workload seeds")
     parser.add_argument("--no-doc", action="store_true", help="leave docs/benchmarks.md alone")
+    parser.add_argument("--doc-only", action="store_true",
+                        help=f"rewrite the section from the last run's {OUT}/result.json, running nothing")
     args = parser.parse_args()
+    if args.doc_only:
+        replace_section(SECTION, markdown(json.loads((OUT / "result.json").read_text())))
+        return
     result: dict[str, Any] = {
         "command": shlex.join(["python", "-m", "loadtest.bench_fleet_seeds", *sys.argv[1:]]),
         "fleet_command": shlex.join(["kvgate", *FLEET]), "machine": machine_description(),

@@ -70,7 +70,8 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     if k.shape[0] != tokens or k.shape[2] != head_dim or head_dim % 2 != 0:
         raise ValueError(f"rotary: q {tuple(q.shape)} and k {tuple(k.shape)} disagree or head_dim is odd")
     for table in (cos, sin):
-        if table.dim() < 2 or table.shape[0] != tokens or table.shape[-1] != head_dim or table.numel() != tokens * head_dim:
+        if (table.dim() < 2 or table.shape[0] != tokens or table.shape[-1] != head_dim
+                or table.numel() != tokens * head_dim):
             raise ValueError(f"rotary: cos/sin {tuple(table.shape)} do not match [{tokens}, {head_dim}]")
     _cpu_ops.rotary(q.data_ptr(), k.data_ptr(), cos.data_ptr(), sin.data_ptr(), tokens, heads, k.shape[1],
                     head_dim, q_stride, k_stride)
