@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from contextlib import ExitStack
 
 import httpx
@@ -199,7 +200,11 @@ def test_an_exporter_set_by_the_standard_variable_is_used(tmp_path):
         config = gateway_config([worker_entry("w0", answering)], None)
         gateway = start_gateway(stack, config, tmp_path, env={"OTEL_TRACES_EXPORTER": "console"})
         assert complete(gateway.url, {"x-request-id": "console-1"}).status_code == 200
-        output = gateway.output()
+        # the SERVER span ends after the response's last byte: on a busy host the client can read the
+        # answer before the exporter has printed it
+        deadline = time.monotonic() + 10.0
+        while '"name": "POST /v1/completions"' not in (output := gateway.output()) and time.monotonic() < deadline:
+            time.sleep(0.05)
     assert '"name": "POST /v1/completions"' in output and '"kvgate.request_id": "console-1"' in output
 
 
