@@ -17,8 +17,9 @@ from loadtest.engine_side_by_side import (
 
 def test_the_fp32_peak_is_measured_on_the_named_core():
     cpu = min(os.sched_getaffinity(0))
-    peak = measured_fp32_peak_flops(cpu, size=256, repeats=2)
+    peak, library = measured_fp32_peak_flops(cpu, size=256, repeats=2)
     assert 1e8 < peak < 1e13  # any CPU core: from 0.1 GFLOP/s to 10 TFLOP/s
+    assert library in ("numpy's BLAS", "torch's BLAS", "oneDNN")
 
 
 def test_a_prompt_token_passes_the_layers_only(tmp_path):
