@@ -90,7 +90,8 @@ Each seed runs `{result['fleet_command']} --seed S`: 2 vLLM CPU workers (SmolLM2
 fp32, 96 KV blocks of 32 tokens each: 3,072 tokens a worker, vLLM's KV events to kvgate), 16 tenants
 with ~600-token prefixes (zipf 1.1: ~9,600 tokens of prefixes in all), 160 requests, 8 in flight,
 through kvgate kv_aware and through sglang-router cache_aware, each on a fresh fleet. Hit rate / oracle
-(the oracle: every prefix computed once, an infinite cache), over the requests each router served.
+(the oracle: every prefix computed once, an infinite cache, in full blocks of vLLM's 32 tokens, as the
+workers share them), over the requests each router served.
 Static partition: each tenant on one worker with LRU caches of this size, simulated over the same
 requests. Errors: requests that failed (kvgate / sglang-router; a refusal is a 503).
 

@@ -14,6 +14,8 @@ from typing import Sequence
 
 from loadtest.types import RequestSpec
 
+DEFAULT_ORACLE_BLOCK_SIZE = 16  # tokens, where the workers' own block size is not known (`bench run`)
+
 
 @dataclass(frozen=True, slots=True)
 class OracleResult:

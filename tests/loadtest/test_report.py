@@ -135,3 +135,18 @@ def test_the_fleets_capacity_reaches_the_oracle_plan_in_tokens(tmp_path):
     assert _partition(parsed("--workers", "2", "--num-blocks", "192")) == {"num_workers": 2, "capacity_tokens": 3072}
     assert _partition(parsed("--engine", "vllm", "--workers", "2", "--num-blocks", "192"))["capacity_tokens"] == 6144
     assert _partition(parsed("--num-blocks", "10", "--worker-arg=--block-size=8"))["capacity_tokens"] == 80
+
+
+def test_a_fleets_oracle_counts_blocks_of_its_workers_size_unless_told(tmp_path):
+    from loadtest.cli import _plan_parts, build_parser
+
+    def oracle_block_size(subcommand: list[str], *extra: str) -> int:
+        args = build_parser().parse_args([*subcommand, "--workload", "low_reuse", "--concurrency", "1",
+                                          "--out", str(tmp_path), *extra])
+        return _plan_parts(args, "http://127.0.0.1:1/v1", "m")[1].oracle["block_size_tokens"]
+
+    assert oracle_block_size(["fleet", "--engine", "vllm"]) == 32  # vLLM's CPU build caches 32-token blocks
+    assert oracle_block_size(["fleet", "--worker-arg=--block-size=8"]) == 8
+    assert oracle_block_size(["fleet"]) == 16  # kvgate's own workers' default
+    assert oracle_block_size(["fleet", "--engine", "vllm"], "--oracle-block-size", "16") == 16
+    assert oracle_block_size(["run", "--url", "http://127.0.0.1:1/v1", "--model", "m"]) == 16  # not our workers
