@@ -146,7 +146,9 @@ def _plan_parts(args: argparse.Namespace, base_url: str, model: str) -> tuple[li
     if args.trace:
         params["path"] = args.trace
     workload_config, specs = build_workload(args.workload, args.seed, params)
-    oracle_block_size = args.oracle_block_size or _workers_block_size(args) or DEFAULT_ORACLE_BLOCK_SIZE
+    oracle_block_size = args.oracle_block_size
+    if oracle_block_size is None:
+        oracle_block_size = _workers_block_size(args) or DEFAULT_ORACLE_BLOCK_SIZE
     oracle = oracle_hit_rate(specs[:args.max_requests] if args.max_requests else specs, oracle_block_size)
     driver = DriverConfig(base_url=base_url, model=model, api_key=args.api_key, rate_rps=args.rate,
                           concurrency=args.concurrency, arrival=args.arrival, arrival_cv=args.arrival_cv,

@@ -150,3 +150,5 @@ def test_a_fleets_oracle_counts_blocks_of_its_workers_size_unless_told(tmp_path)
     assert oracle_block_size(["fleet"]) == 16  # kvgate's own workers' default
     assert oracle_block_size(["fleet", "--engine", "vllm"], "--oracle-block-size", "16") == 16
     assert oracle_block_size(["run", "--url", "http://127.0.0.1:1/v1", "--model", "m"]) == 16  # not our workers
+    with pytest.raises(ValueError, match="block_size_tokens must be >= 1"):  # kvgate bench: exits 2 naming it
+        oracle_block_size(["fleet", "--engine", "vllm"], "--oracle-block-size", "0")
