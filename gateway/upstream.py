@@ -62,9 +62,8 @@ async def open_attempt(client: UpstreamClient, worker_id: str, url: str, payload
     """POST payload (a JSON body) to url as a stream; raises UpstreamError (status errors carry the worker's body)."""
     started = time.monotonic()
     try:
-        async with asyncio.timeout(first_byte_timeout_s):
-            with map_upstream_errors("headers"):
-                response = await client.post_stream(url, payload, headers, connect_timeout_s)
+        with map_upstream_errors("headers"):
+            response = await client.post_stream(url, payload, headers, connect_timeout_s, first_byte_timeout_s)
     except TimeoutError:
         raise UpstreamError("first_byte_timeout", f"no response within {first_byte_timeout_s} s") from None
     if response.status_code != 200:

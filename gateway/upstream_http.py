@@ -123,11 +123,18 @@ class _Connection(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
 
-    async def wait_headers(self) -> None:
+    async def wait_headers(self, deadline: float | None = None) -> None:
+        """Until the response headers are in; TimeoutError once the loop's clock passes deadline."""
         while not self.headers_done:
             if self._error is not None:
                 raise self._error
-            await self._wait()
+            if deadline is None:
+                await self._wait()
+                continue
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                raise TimeoutError()
+            await self._wait(remaining)
 
     async def next_chunk(self, timeout_s: float | None = None) -> bytes | None:
         """The body bytes received since the last call (all of them, as one piece: a read of several
@@ -182,7 +189,8 @@ class UpstreamResponse:
 
 
 class UpstreamClient:
-    """POST JSON, stream the answer: `await client.post_stream(url, payload, headers, connect_timeout_s)`."""
+    """POST JSON, stream the answer: `await client.post_stream(url, payload, headers, connect_timeout_s,
+    headers_timeout_s)`."""
 
     def __init__(self, *, keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S, clock=time.monotonic) -> None:
         self._idle: dict[Origin, list[_Connection]] = {}
@@ -191,29 +199,33 @@ class UpstreamClient:
         self._clock = clock
         self._ssl: ssl.SSLContext | None = None
 
-    async def post_stream(self, url: str, payload: bytes, headers: dict[str, str],
-                          connect_timeout_s: float) -> UpstreamResponse:
-        """Send payload (the JSON body, encoded) and wait for the response headers (the caller bounds the wait). On a
-        pooled connection the worker closed before answering a byte, the request goes once more on
+    async def post_stream(self, url: str, payload: bytes, headers: dict[str, str], connect_timeout_s: float,
+                          headers_timeout_s: float | None = None) -> UpstreamResponse:
+        """Send payload (the JSON body, encoded) and wait for the response headers: TimeoutError when
+        they are not in within headers_timeout_s (None: no bound), connecting included (a timer on
+        the loop: asyncio.timeout would cancel and uncancel the task, at several times the cost). On
+        a pooled connection the worker closed before answering a byte, the request goes once more on
         a fresh connection; a fresh connection's failure is raised as it is."""
         origin, target = self._target(url)
         request = _request_head(origin, target, headers, len(payload)) + payload
+        deadline = None if headers_timeout_s is None else asyncio.get_running_loop().time() + headers_timeout_s
         conn = self._pop_idle(origin)
         if conn is not None:
             try:
-                return await self._exchange(origin, conn, request)
+                return await self._exchange(origin, conn, request, deadline)
             except (httpx.ReadError, httpx.RemoteProtocolError):
                 if conn.num_response_bytes:  # the worker began to answer: its failure, not an idle close
                     raise
-        conn = await self._connect(origin, connect_timeout_s)
-        return await self._exchange(origin, conn, request)
+        conn = await self._connect(origin, connect_timeout_s, deadline)
+        return await self._exchange(origin, conn, request, deadline)
 
-    async def _exchange(self, origin: Origin, conn: _Connection, request: bytes) -> UpstreamResponse:
+    async def _exchange(self, origin: Origin, conn: _Connection, request: bytes,
+                        deadline: float | None) -> UpstreamResponse:
         """Write the request on conn and wait for the response headers; conn is closed on any failure."""
         conn._reset()
         try:
             conn.transport.write(request)
-            await conn.wait_headers()
+            await conn.wait_headers(deadline)
         except BaseException:
             conn.transport.close()
             raise
@@ -246,14 +258,20 @@ class UpstreamClient:
             conn.transport.close()
         return None
 
-    async def _connect(self, origin: Origin, connect_timeout_s: float) -> _Connection:
+    async def _connect(self, origin: Origin, connect_timeout_s: float, deadline: float | None) -> _Connection:
+        """A new connection to origin: httpx.ConnectTimeout after connect_timeout_s, TimeoutError
+        when the loop's clock passes deadline first (the caller's bound on the whole exchange)."""
         scheme, host, port = origin
         loop = asyncio.get_running_loop()
+        connect_deadline = loop.time() + connect_timeout_s
+        bound = connect_deadline if deadline is None else min(deadline, connect_deadline)
         try:
-            async with asyncio.timeout(connect_timeout_s):
+            async with asyncio.timeout_at(bound):
                 _, conn = await loop.create_connection(_Connection, host, port,
                                                        ssl=self._ssl_context() if scheme == "https" else None)
         except TimeoutError:
+            if bound < connect_deadline:
+                raise
             raise httpx.ConnectTimeout(f"connect to {host}:{port} timed out") from None
         except OSError as exc:
             raise httpx.ConnectError(f"{exc}") from None

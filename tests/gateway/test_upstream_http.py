@@ -43,7 +43,8 @@ class RawWorker:
     """An HTTP/1.1 server on a loopback port that answers each request per plan: "answer" (ANSWER,
     kept alive), "eof" or "reset" (close without a byte, as an idle close racing the request does),
     "partial_head" (half a status line, then close), "partial_body" (headers and part of the body,
-    then wait for the client to go). idle_close_s: close a connection idle that long."""
+    then wait for the client to go), "silent" (no answer: wait for the client to go). idle_close_s:
+    close a connection idle that long."""
 
     def __init__(self, plan: Plan = always_answer, idle_close_s: float | None = None) -> None:
         self.plan = plan
@@ -97,6 +98,8 @@ class RawWorker:
         elif action == "partial_body":
             writer.write(HEAD % (len(ANSWER) + 100) + ANSWER)
             await reader.read()  # until the client closes
+        elif action == "silent":
+            await reader.read()
 
 
 @contextlib.asynccontextmanager
@@ -200,6 +203,25 @@ def test_a_fresh_connections_failure_is_still_an_error():
             with pytest.raises(UpstreamError) as failed, map_upstream_errors("headers"):
                 await post(client, worker)
             assert failed.value.kind == "protocol"
+        assert worker.num_connections == 1
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_headers_not_in_within_the_bound_time_out_and_close_the_connection(pooled):
+    """headers_timeout_s bounds the wait for the response head, on a fresh or a pooled connection."""
+    async def scenario() -> None:
+        plan = reused_then("silent") if pooled else first_connection_then("silent")
+        async with raw_worker(plan) as worker:
+            client = worker.client()
+            if pooled:
+                await answered(client, worker)
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                await client.post_stream(worker.url, BODY, {}, connect_timeout_s=1.0, headers_timeout_s=0.2)
+            assert 0.2 <= time.monotonic() - started < 1.0
+            await wait_for(lambda: worker.num_closed == worker.num_connections)  # the client hung up
         assert worker.num_connections == 1
 
     asyncio.run(scenario())
