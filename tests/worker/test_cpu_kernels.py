@@ -121,6 +121,30 @@ def test_softmax_matches_float64_from_flat_to_scores_whose_exponentials_underflo
 
 
 @needs_kernel
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 2, 24), (4, 4, 12)],
+                         ids=["smollm2-shape", "dims-of-8", "dims-not-of-8"])
+def test_decode_in_16_token_blocks_matches_float64(heads, kv_heads, head_dim):
+    """At the engine's block size the scores go 8 rows at a time (head_dim a multiple of 8) and each block
+    prefetches the next in its table: full, partial and single-token blocks, scattered through the cache."""
+    block_size, num_blocks, lens = 16, 96, [1, 7, 8, 9, 16, 17, 40, 290]
+    generator = torch.Generator().manual_seed(head_dim)
+    keys = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=generator)
+    values = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=generator)
+    widest = -(-max(lens) // block_size)
+    tables = torch.stack([torch.randperm(num_blocks, generator=generator)[:widest] for _ in lens]).to(torch.int32)
+    q = torch.randn(len(lens), heads, head_dim, generator=generator)
+    out = paged_decode_attention(q, keys, values, tables, torch.tensor(lens, dtype=torch.int32))
+    group = heads // kv_heads
+    for row, length in enumerate(lens):
+        blocks = tables[row, :-(-length // block_size)].long()
+        k = keys[blocks].reshape(-1, kv_heads, head_dim)[:length].double().repeat_interleave(group, dim=1)
+        v = values[blocks].reshape(-1, kv_heads, head_dim)[:length].double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,thd->ht", q[row].double(), k) / head_dim ** 0.5
+        expected = torch.einsum("ht,thd->hd", scores.softmax(-1), v)
+        torch.testing.assert_close(out[row].double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
 def test_a_sequence_of_length_zero_yields_zeros():
     cache = filled_cache(2, 8)
     keys, values = cache.layer(0)
