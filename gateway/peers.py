@@ -15,6 +15,10 @@ Every replica publishes on one pub/sub channel, `kvgate:peers`, and subscribes t
   written as a key that expires after the breaker's reset timeout, which a replica starting later
   reads for the workers it knows.
 
+A replica starts listening before it serves: start() waits (at most FIRST_SUBSCRIBE_WAIT_S) for its
+subscription, so the decisions its peers make from its first request on reach it; until the
+subscription stands, `state` is "local".
+
 Nothing on a request's path waits on Redis: a decision appends to a list that a background task
 publishes every PUBLISH_INTERVAL_S (one message per batch). While Redis is unreachable, records
 are dropped (counted), each replica routes on what it knows itself, and both tasks retry every
@@ -44,6 +48,7 @@ LOAD_INTERVAL_S = 0.05
 LOAD_REFRESH_S = 0.5
 LOAD_EXPIRY_S = 1.5
 STOP_WAIT_S = 1.0
+FIRST_SUBSCRIBE_WAIT_S = 2.0
 RETRY_INTERVAL_S = 1.0
 MAX_PENDING = 10_000  # records held for one publish; beyond it (Redis slow) the oldest go
 _DISPATCH, _BREAKER, _LOAD = 0, 1, 2
@@ -89,19 +94,30 @@ class PeerLink:
         self.records_dropped = 0
         self.records_received = 0
         self._subscriber = None  # the subscribe loop's own client while it has one
+        self._subscribed = asyncio.Event()  # set once the subscription first stands
+        self._first_subscribe_tried = asyncio.Event()  # it stood, or its first attempt failed
         self._closing = False
 
     @property
     def state(self) -> str:
-        """"redis" while records flow both ways, "local" while Redis fails for either."""
-        return "local" if self._down else "redis"
+        """"redis" while records flow both ways, "local" while Redis fails for either (or before
+        the subscription first stands)."""
+        return "local" if self._down or not self._subscribed.is_set() else "redis"
 
     async def start(self, known_workers: Iterable[str]) -> None:
-        """Read the breakers other replicas hold open, then publish and listen in the background."""
+        """Read the breakers other replicas hold open, then publish and listen in the background;
+        return once subscribed (or once the first attempt failed, or after FIRST_SUBSCRIBE_WAIT_S)."""
         await self._read_open_breakers(known_workers)
         self._tasks = [asyncio.create_task(self._publish_loop(), name="peers-publish"),
                        asyncio.create_task(self._subscribe_loop(), name="peers-subscribe"),
                        asyncio.create_task(self._load_loop(), name="peers-load")]
+        try:
+            await asyncio.wait_for(self._first_subscribe_tried.wait(), FIRST_SUBSCRIBE_WAIT_S)
+        except TimeoutError:
+            pass
+        if not self._subscribed.is_set():
+            log.warning("not subscribed to %s yet: routing on this replica's own decisions until Redis answers",
+                        CHANNEL)
 
     async def aclose(self) -> None:
         """Stop the tasks, never waiting long: a read still blocked on the subscriber's socket after
@@ -186,15 +202,21 @@ class PeerLink:
             client = self._subscriber = redis.asyncio.Redis.from_url(self._url, socket_connect_timeout=0.5,
                                                                      health_check_interval=5)
             try:
-                async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
+                async with client.pubsub() as pubsub:
                     await pubsub.subscribe(CHANNEL)
-                    self._set_up("subscribe")
                     while True:
                         message = await pubsub.get_message(timeout=1.0)
-                        if message is not None:
+                        if message is None:
+                            continue
+                        if message["type"] == "message":
                             self._apply(message["data"])
+                        elif message["type"] == "subscribe":  # Redis confirmed: what is published now reaches us
+                            self._set_up("subscribe")
+                            self._subscribed.set()
+                            self._first_subscribe_tried.set()
             except REDIS_ERRORS as exc:
                 self._set_down("subscribe", exc)
+                self._first_subscribe_tried.set()
             finally:
                 self._subscriber = None
                 await client.aclose()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -119,8 +120,40 @@ class Started(abc.ABC):
         self.stop()
 
 
+_LISTEN_PORTS_FLOOR = 10_000
+_handed_out: set[int] = set()  # ports this process gave a server that may not have bound them yet
+
+
 def free_port(pair: bool = False) -> int:
-    """A free TCP port on 127.0.0.1; with pair=True, one whose next port is free too (ZMQ PUB + replay)."""
+    """A free TCP port on 127.0.0.1 for a server about to start; with pair=True, one whose next port
+    is free too (ZMQ PUB + replay).
+
+    Drawn below the kernel's ephemeral range (ip_local_port_range), never from it: a port the kernel
+    hands out for bind(0) may also be taken, before the server binds it, as the local end of an
+    outgoing connection (a health poll, a Redis client), and the server then fails with EADDRINUSE.
+    A port already handed out by this process is not given again."""
+    low, _ = _ephemeral_range()
+    if low - _LISTEN_PORTS_FLOOR < 1_000:  # an unusual range: fall back on the kernel's choice
+        return _kernel_free_port(pair)
+    rng = random.SystemRandom()  # parallel test processes draw apart
+    for _ in range(200):
+        port = rng.randrange(_LISTEN_PORTS_FLOOR, low - 1)
+        ports = (port, replay_port(port)) if pair else (port,)
+        if _handed_out.isdisjoint(ports) and all(port_is_free(p) for p in ports):
+            _handed_out.update(ports)
+            return port
+    raise RuntimeError(f"no free port{' pair' if pair else ''} in {_LISTEN_PORTS_FLOOR}-{low - 1}")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _kernel_free_port(pair: bool) -> int:
     for _ in range(100):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -10,6 +10,7 @@ import time
 import redis.asyncio
 
 from gateway.peers import PeerLink
+from loadtest.procs import free_port
 
 
 class Heard:
@@ -43,9 +44,9 @@ def test_decisions_and_breaker_changes_reach_the_other_replicas_and_not_the_send
         heard = [Heard() for _ in range(3)]
         links = [h.link(redis_server.url, client) for h in heard]
         for link in links:
+            assert link.state == "local"  # not listening yet
             await link.start([])
-        await until(lambda: all(link.state == "redis" for link in links))
-        await asyncio.sleep(0.1)  # the subscriptions are in place
+            assert link.state == "redis"  # start() returns subscribed: what is said from now on is heard
         keys = (2**64 - 1, 0, 12345678901234567890)
         links[0].routed("w1", keys, 10.0)
         links[0].breaker_changed("w2", "open")
@@ -82,7 +83,6 @@ def test_without_redis_records_are_dropped_and_the_link_recovers_when_redis_retu
         redis_server.start()
         await until(lambda: a.state == b.state == "redis", timeout_s=5)
         assert a.records_dropped == 1  # decided while Redis was gone: stale once it is back
-        await asyncio.sleep(0.1)
         a.routed("w1", (4, 5), None)
         await until(lambda: receiver.routed == [("w1", (4, 5), None)])
         await a.aclose()
@@ -99,8 +99,6 @@ def test_each_replica_reports_its_own_load_while_it_changes_and_the_others_hear_
         a, b = sender.link(redis_server.url, client), receiver.link(redis_server.url, client)
         await a.start([])
         await b.start([])
-        await until(lambda: a.state == b.state == "redis")
-        await asyncio.sleep(0.1)
         sender.own = {"w1": (2, 300, 1), "w2": (0, 0, 0)}  # an idle worker is not reported
         await until(lambda: receiver.loads.get(a.replica_id) == {"w1": (2, 300, 1)})
         sender.own = {"w1": (0, 0, 0), "w2": (0, 0, 0)}  # all done: an empty report takes it back
@@ -109,6 +107,21 @@ def test_each_replica_reports_its_own_load_while_it_changes_and_the_others_hear_
         assert receiver.expiries and set(receiver.expiries) == {1.5}  # silent peers are expired meanwhile
         await a.aclose()
         await b.aclose()
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_without_redis_starts_at_once_on_its_own_decisions():
+    async def scenario():
+        url = f"redis://127.0.0.1:{free_port()}"  # nothing listens there
+        client = redis.asyncio.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        link = Heard().link(url, client)
+        started = time.monotonic()
+        await link.start(["w1"])
+        assert time.monotonic() - started < 1.5  # the first failed attempt ends the wait
+        assert link.state == "local"
+        await link.aclose()
         await client.aclose()
 
     asyncio.run(scenario())
