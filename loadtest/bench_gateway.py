@@ -29,7 +29,7 @@ from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
 import yaml
 
-from loadtest.procs import free_port, wait_healthy
+from loadtest.procs import free_port, process_cpu_s, wait_healthy
 from loadtest.sse import StreamReader
 from loadtest.stats import percentile
 
@@ -440,12 +440,6 @@ def gateway_argv(config_path: Path) -> list[str]:
 
 
 # -- the run ------------------------------------------------------------------------------------
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process has used (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
 
 def cpu_times(cpu: int) -> list[int]:
     """One CPU's /proc/stat counters (user nice system idle iowait irq softirq steal ...)."""

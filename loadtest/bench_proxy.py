@@ -36,9 +36,9 @@ import httpx
 import yaml
 
 from loadtest.balancer import nginx_head
-from loadtest.bench_gateway import API_KEY, MODEL, cpu_placement, gateway_config, process_cpu_s
+from loadtest.bench_gateway import API_KEY, MODEL, cpu_placement, gateway_config
 from loadtest.benchdoc import machine_description, replace_section
-from loadtest.procs import ChildProcess, free_port
+from loadtest.procs import ChildProcess, free_port, process_cpu_s, tree_cpu_s
 from loadtest.sse import StreamReader
 
 SECTION = "proxy-peers"
@@ -291,20 +291,6 @@ def machine_busy_s() -> float:
     """CPU seconds all CPUs have spent busy since boot (user, nice, system, irq, softirq; not steal)."""
     user, nice, system, _idle, _iowait, irq, softirq = map(int, Path("/proc/stat").read_text().split()[1:8])
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu_s(pids: list[int]) -> float:
-    """CPU seconds used by these processes and their descendants (e.g. nginx's worker), all live."""
-    total = 0.0
-    for pid in pids:
-        try:
-            total += process_cpu_s(pid)
-            kids = [int(kid) for task in Path(f"/proc/{pid}/task").iterdir()
-                    for kid in (task / "children").read_text().split()]
-        except (OSError, ValueError):
-            continue
-        total += tree_cpu_s(kids)
-    return total
 
 
 def _children_cpu_s() -> float:

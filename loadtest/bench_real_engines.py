@@ -36,6 +36,7 @@ import httpx
 from loadtest.benchdoc import machine_description, replace_section
 from loadtest.external_router import ExternalCommand
 from loadtest.fleet import Fleet, FleetConfig
+from loadtest.procs import tree_cpu_s
 from loadtest.overload_metrics import parse_samples
 from loadtest.router_metrics import router_stats
 
@@ -133,6 +134,8 @@ def run_once(fleet: Fleet, router: Router, workload: Workload, seed: int, model:
         command = sglang_command(router.policy)
         base_url, child = fleet.start_external(command).removesuffix("/v1"), f"router-{command.name}"
     before = prefix_cache_counters(worker_urls)
+    router_pid = fleet.children[child].popen.pid
+    worker_pids = [fleet.children[name].popen.pid for name in fleet.worker_names]
     result_file = f"{tag}.json"
     argv = [str(fleet.engine.command[0]), "-c", VLLM_BENCH, "--backend", "openai", "--base-url", base_url,
             "--endpoint", "/v1/completions", "--model", model, "--tokenizer", fleet.engine.model,
@@ -140,10 +143,13 @@ def run_once(fleet: Fleet, router: Router, workload: Workload, seed: int, model:
             "--metric-percentiles", "50,90,99", "--save-result", "--result-dir", str(out_dir),
             "--result-filename", result_file]
     started = time.monotonic()
+    cpu_before = tree_cpu_s([router_pid]), tree_cpu_s(worker_pids)
     try:
         with (out_dir / f"{tag}.log").open("w") as log:
             subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=1800,
                            env={**os.environ, "OPENAI_API_KEY": api_key, "HF_HUB_OFFLINE": "1"})
+        client_s = time.monotonic() - started
+        router_cpu_s, workers_cpu_s = tree_cpu_s([router_pid]) - cpu_before[0], tree_cpu_s(worker_pids) - cpu_before[1]
         after = prefix_cache_counters(worker_urls)
         router_side = router_stats(f"{base_url}/metrics") if router.kind == "kvgate" else None
     finally:
@@ -155,7 +161,9 @@ def run_once(fleet: Fleet, router: Router, workload: Workload, seed: int, model:
             "request_throughput": bench["request_throughput"], "output_throughput": bench["output_throughput"],
             **{key: bench[key] for key in bench if key.endswith("_ttft_ms") or key.endswith("_tpot_ms")
                or key.endswith("_e2el_ms")},
-            "prefix_hit_rate": hits / queries if queries else None, "router_stats": router_side}
+            "prefix_hit_rate": hits / queries if queries else None, "router_stats": router_side,
+            "router_cpu_ms_per_request": 1000 * router_cpu_s / max(1, bench["completed"]),
+            "router_cores": router_cpu_s / client_s, "workers_cores": workers_cpu_s / client_s}
 
 
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -251,9 +259,12 @@ def render(runs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         "Hit rate = the workers' own count (vllm:prefix_cache_hits / queries over the run); "
         f"the best any router can reach here, each prefix computed once: {_pct(best_hit_rate(workload))}.",
         "",
+        "Router CPU = the router process's CPU time per completed request, and in cores over the client's run;"
+        " workers = both workers' processes, in cores (2.00: both cores busy with the engines alone).",
+        "",
         "| round | router | seed | req/s | TTFT mean / p50 / p99 ms | TPOT mean ms | E2E mean ms | hit rate | "
-        "prediction ratio | failed |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "prediction ratio | router CPU ms/req (cores) | workers (cores) | failed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         stats = r.get("router_stats") or {}
@@ -261,7 +272,8 @@ def render(runs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         lines.append(f"| {r['round'] + 1} | {r['router']} | {r['seed']} | {r['request_throughput']:.2f} | "
                      f"{r['mean_ttft_ms']:.0f} / {r['median_ttft_ms']:.0f} / {r['p99_ttft_ms']:.0f} | "
                      f"{r['mean_tpot_ms']:.1f} | {r['mean_e2el_ms']:.0f} | {_pct(r['prefix_hit_rate'])} | "
-                     f"{'-' if ratio is None else f'{ratio:.3f}'} | {r['failed']} |")
+                     f"{'-' if ratio is None else f'{ratio:.3f}'} | {_cpu(r)} | {_cores(r.get('workers_cores'))} | "
+                     f"{r['failed']} |")
     lines += ["", "Means over the rounds:", "",
               "| router | req/s | TTFT mean / p50 / p99 ms | E2E mean ms | hit rate |", "|---|---|---|---|---|"]
     for name, s in summary.items():
@@ -287,6 +299,16 @@ def _shown(path: Path) -> str:
         return str(absolute.relative_to(ROOT))
     except ValueError:
         return str(path)
+
+
+def _cpu(run: dict[str, Any]) -> str:
+    """The router's CPU per request and in cores ("-" for runs saved before it was measured)."""
+    per_request = run.get("router_cpu_ms_per_request")
+    return "-" if per_request is None else f"{per_request:.1f} ({run['router_cores']:.2f})"
+
+
+def _cores(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _pct(value: float | None) -> str:

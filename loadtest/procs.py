@@ -1,4 +1,5 @@
-"""Child processes for fleet runs: start in their own session, log to a file, wait for /health, stop."""
+"""Child processes for fleet runs: start in their own session, log to a file, wait for /health, stop; the
+loopback ports they listen on and the CPU time they use."""
 
 from __future__ import annotations
 
@@ -173,6 +174,26 @@ def port_is_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(pids: list[int]) -> float:
+    """CPU seconds used by these processes and their descendants (e.g. nginx's worker), all live."""
+    total = 0.0
+    for pid in pids:
+        try:
+            total += process_cpu_s(pid)
+            kids = [int(kid) for task in Path(f"/proc/{pid}/task").iterdir()
+                    for kid in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+        total += tree_cpu_s(kids)
+    return total
 
 
 def default_model_dir() -> Path:

@@ -35,7 +35,8 @@ def test_no_targets_without_both_routers():
 
 
 def test_the_section_names_its_command_workload_and_verdicts():
-    runs = [run(SGLANG, 0, 3.0, 300), run(KVGATE, 0, 2.0, 400, 0.99, 100)]
+    runs = [run(SGLANG, 0, 3.0, 300), {**run(KVGATE, 0, 2.0, 400, 0.99, 100), "router_cpu_ms_per_request": 12.34,
+                                        "router_cores": 0.05, "workers_cores": 1.9}]
     meta = {"command": "python -m loadtest.bench_real_engines", "machine": "cpu, 2 cores", "date": "today",
             "vllm_version": "0.32.0", "sglang_version": "0.3.2", "num_workers": 2, "num_blocks": 192, "rounds": 1,
             "workload": {k: getattr(Workload(), k) for k in Workload.__dataclass_fields__}}
@@ -44,6 +45,8 @@ def test_the_section_names_its_command_workload_and_verdicts():
     assert "16 prefixes x 512 tokens + 64, 16 output tokens, 192 prompts, concurrency 4" in text
     assert "| 0.67x | >= 1.05x | FAIL |" in text and "| 0.990 | >= 0.97 | pass |" in text
     assert "| 1 | kvgate kv_aware | 0 | 2.00 | 400 / 200 / 1600 |" in text
+    assert "| 0.990 | 12.3 (0.05) | 1.90 | 0 |" in text  # the router's CPU per request (cores), the workers'
+    assert "| 80.0% | - | - | - | 0 |" in text  # sglang-router: no prediction ratio; a run saved before CPU was measured
     assert "each prefix computed once: 81.5%" in text  # (192 - 16) x 512 / (192 x 576)
 
 
