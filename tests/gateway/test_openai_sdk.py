@@ -110,10 +110,11 @@ def test_worker_validation_errors_reach_the_client_unchanged(client):
     assert "max_tokens" in info.value.message
 
 
-def test_health_ready_and_metrics(fleet):
+def test_health_ready_and_metrics(client, fleet):
     url = fleet["gateway"].url
     assert httpx.get(f"{url}/health").json() == {"status": "ok"}
     assert httpx.get(f"{url}/ready").json() == {"status": "ready"}
+    client.completions.create(model=MODEL, prompt="hi", max_tokens=2)  # a request of its own: the series exist
     text = httpx.get(f"{url}/metrics").text
     for name in ("kvgate_requests_total", "kvgate_time_to_first_token_seconds_bucket", "kvgate_upstream_attempts_total",
                  "kvgate_breaker_state", "kvgate_e2e_request_latency_seconds_bucket", "kvgate_prompt_tokens_total"):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from gateway.fleet import parse_vllm_load
 
 VLLM_PAGE = """# HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -32,3 +36,34 @@ def test_engines_that_disagree_on_their_cache_config_say_nothing_of_it():
         'block_size="32"', 'block_size="16"') + "\n"
     values = parse_vllm_load(page)
     assert "block_size" not in values and values["num_blocks"] == 192
+
+
+def test_a_whole_vllm_page_reads_as_prometheus_own_parser_reads_it():
+    """A page vLLM 0.32's CPU build served (~600 lines, mostly histograms): the line reader that takes
+    only the four families gives what the full exposition parser gives."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    page = (Path(__file__).parent / "data" / "vllm-0.32-metrics.txt").read_text()
+    families = {f.name: f for f in text_string_to_metric_families(page)}
+    config = families["vllm:cache_config_info"].samples[0].labels
+    assert parse_vllm_load(page) == {
+        "running_requests": int(families["vllm:num_requests_running"].samples[0].value),
+        "waiting_requests": int(families["vllm:num_requests_waiting"].samples[0].value),
+        "kv_usage_frac": families["vllm:kv_cache_usage_perc"].samples[0].value,
+        "num_blocks": int(config["num_gpu_blocks"]), "block_size": int(config["block_size"])}
+
+
+def test_engines_are_summed_and_lines_without_labels_timestamps_and_other_families_are_read_right():
+    page = "\n".join([
+        'vllm:num_requests_running{engine="0"} 2.0 1733300000000',  # a timestamp after the value
+        'vllm:num_requests_running{engine="1",model_name="a}b"} 1.0',  # a brace inside a label value
+        "vllm:num_requests_waiting 4",  # no labels
+        'vllm:num_requests_waiting_by_reason{reason="capacity"} 9.0',  # another family sharing the prefix
+        'vllm:kv_cache_usage_perc{engine="0"} NaN',  # no reading
+    ])
+    assert parse_vllm_load(page) == {"running_requests": 3, "waiting_requests": 4}
+
+
+def test_a_value_that_is_not_a_number_is_an_error():
+    with pytest.raises(ValueError):
+        parse_vllm_load('vllm:num_requests_running{engine="0"} many')
