@@ -34,7 +34,7 @@ from typing import Any, Callable
 import yaml
 
 from loadtest.bench_gateway import (API_KEY, MODEL, Connection, Pool, check_answer, child, cpu_placement,
-                                    gateway_argv, gateway_config, raise_fd_limit, run_fake_worker)
+                                    gateway_argv, gateway_config, raise_fd_limit)
 from loadtest.procs import default_model_dir, free_port, process_cpu_s
 from loadtest.sse import StreamReader
 from loadtest.stats import percentile

@@ -36,8 +36,8 @@ import httpx
 from loadtest.benchdoc import machine_description, replace_section
 from loadtest.external_router import ExternalCommand
 from loadtest.fleet import Fleet, FleetConfig
-from loadtest.procs import tree_cpu_s
 from loadtest.overload_metrics import parse_samples
+from loadtest.procs import tree_cpu_s
 from loadtest.router_metrics import router_stats
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,13 +143,14 @@ def run_once(fleet: Fleet, router: Router, workload: Workload, seed: int, model:
             "--metric-percentiles", "50,90,99", "--save-result", "--result-dir", str(out_dir),
             "--result-filename", result_file]
     started = time.monotonic()
-    cpu_before = tree_cpu_s([router_pid]), tree_cpu_s(worker_pids)
+    router_cpu_before, workers_cpu_before = tree_cpu_s([router_pid]), tree_cpu_s(worker_pids)
     try:
         with (out_dir / f"{tag}.log").open("w") as log:
             subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=1800,
                            env={**os.environ, "OPENAI_API_KEY": api_key, "HF_HUB_OFFLINE": "1"})
         client_s = time.monotonic() - started
-        router_cpu_s, workers_cpu_s = tree_cpu_s([router_pid]) - cpu_before[0], tree_cpu_s(worker_pids) - cpu_before[1]
+        router_cpu_s = tree_cpu_s([router_pid]) - router_cpu_before
+        workers_cpu_s = tree_cpu_s(worker_pids) - workers_cpu_before
         after = prefix_cache_counters(worker_urls)
         router_side = router_stats(f"{base_url}/metrics") if router.kind == "kvgate" else None
     finally:
