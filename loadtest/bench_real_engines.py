@@ -98,14 +98,44 @@ def round_orders(routers: Sequence[str], rounds: int) -> list[list[str]]:
     return [list(routers) if r % 2 == 0 else list(reversed(routers)) for r in range(rounds)]
 
 
-def prefix_cache_counters(worker_urls: Sequence[str]) -> tuple[float, float]:
-    """(hit tokens, queried tokens) summed over the workers' vLLM metrics."""
-    hits = queries = 0.0
+# Per-request histograms each vLLM worker keeps (its own clock): key -> family, read as _sum / _count
+ENGINE_TIMES = {"ttft": "vllm:time_to_first_token_seconds", "queue": "vllm:request_queue_time_seconds",
+                "prefill": "vllm:request_prefill_time_seconds", "tpot": "vllm:request_time_per_output_token_seconds",
+                "e2e": "vllm:e2e_request_latency_seconds"}
+
+
+def engine_counters(worker_urls: Sequence[str]) -> list[dict[str, float]]:
+    """Per worker, cumulative: prefix-cache hit and queried tokens, and each ENGINE_TIMES histogram's sum
+    and count."""
+    out = []
     for url in worker_urls:
         text = httpx.get(f"{url}/metrics", timeout=10.0).text
-        hits += sum(value for _, value in parse_samples(text, HITS))
-        queries += sum(value for _, value in parse_samples(text, QUERIES))
-    return hits, queries
+        counters = {"hits": HITS, "queries": QUERIES}
+        counters |= {f"{key}_{part}": f"{family}_{part}" for key, family in ENGINE_TIMES.items()
+                     for part in ("sum", "count")}
+        out.append({key: sum(value for _, value in parse_samples(text, family)) for key, family in counters.items()})
+    return out
+
+
+def engine_side(before: Sequence[dict[str, float]], after: Sequence[dict[str, float]]) -> list[dict[str, Any]]:
+    """Per worker over one run: requests finished, hit rate, and the mean of each ENGINE_TIMES figure in ms."""
+    workers = []
+    for b, a in zip(before, after):
+        delta = {key: a[key] - b[key] for key in a}
+        worker: dict[str, Any] = {"requests": int(delta["e2e_count"]),
+                                  "hit_rate": delta["hits"] / delta["queries"] if delta["queries"] else None}
+        for key in ENGINE_TIMES:
+            count = delta[f"{key}_count"]
+            worker[f"{key}_ms"] = 1000 * delta[f"{key}_sum"] / count if count else None
+        workers.append(worker)
+    return workers
+
+
+def fleet_hit_rate(before: Sequence[dict[str, float]], after: Sequence[dict[str, float]]) -> float | None:
+    """The workers' prefix-cache hit tokens over queried tokens, all workers together, over one run."""
+    hits = sum(a["hits"] - b["hits"] for b, a in zip(before, after))
+    queries = sum(a["queries"] - b["queries"] for b, a in zip(before, after))
+    return hits / queries if queries else None
 
 
 def reset_prefix_caches(worker_urls: Sequence[str]) -> None:
@@ -133,7 +163,7 @@ def run_once(fleet: Fleet, router: Router, workload: Workload, seed: int, model:
     else:
         command = sglang_command(router.policy)
         base_url, child = fleet.start_external(command).removesuffix("/v1"), f"router-{command.name}"
-    before = prefix_cache_counters(worker_urls)
+    before = engine_counters(worker_urls)
     router_pid = fleet.children[child].popen.pid
     worker_pids = [fleet.children[name].popen.pid for name in fleet.worker_names]
     result_file = f"{tag}.json"
@@ -151,18 +181,18 @@ def run_once(fleet: Fleet, router: Router, workload: Workload, seed: int, model:
         client_s = time.monotonic() - started
         router_cpu_s = tree_cpu_s([router_pid]) - router_cpu_before
         workers_cpu_s = tree_cpu_s(worker_pids) - workers_cpu_before
-        after = prefix_cache_counters(worker_urls)
+        after = engine_counters(worker_urls)
         router_side = router_stats(f"{base_url}/metrics") if router.kind == "kvgate" else None
     finally:
         fleet.children.pop(child).stop()
     bench = json.loads((out_dir / result_file).read_text())
-    hits, queries = after[0] - before[0], after[1] - before[1]
     return {"router": router.name, "seed": seed, "wall_s": round(time.monotonic() - started, 1),
             "completed": bench["completed"], "failed": bench.get("failed", 0),
             "request_throughput": bench["request_throughput"], "output_throughput": bench["output_throughput"],
             **{key: bench[key] for key in bench if key.endswith("_ttft_ms") or key.endswith("_tpot_ms")
                or key.endswith("_e2el_ms")},
-            "prefix_hit_rate": hits / queries if queries else None, "router_stats": router_side,
+            "prefix_hit_rate": fleet_hit_rate(before, after), "engine_side": engine_side(before, after),
+            "router_stats": router_side,
             "router_cpu_ms_per_request": 1000 * router_cpu_s / max(1, bench["completed"]),
             "router_cores": router_cpu_s / client_s, "workers_cores": workers_cpu_s / client_s}
 
@@ -275,6 +305,7 @@ def render(runs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
                      f"{r['mean_tpot_ms']:.1f} | {r['mean_e2el_ms']:.0f} | {_pct(r['prefix_hit_rate'])} | "
                      f"{'-' if ratio is None else f'{ratio:.3f}'} | {_cpu(r)} | {_cores(r.get('workers_cores'))} | "
                      f"{r['failed']} |")
+    lines += engine_side_table(runs)
     lines += ["", "Means over the rounds:", "",
               "| router | req/s | TTFT mean / p50 / p99 ms | E2E mean ms | hit rate |", "|---|---|---|---|---|"]
     for name, s in summary.items():
@@ -287,6 +318,39 @@ def render(runs: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines += ["", f"![req/s, mean TTFT and hit rate per router and round]({meta.get('section', SECTION)}.png)",
               f"Raw figures: `{meta.get('out', 'results/real-engines')}/runs.json`; vLLM's own result files beside it."]
     return "\n".join(lines)
+
+
+def engine_side_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Where each run's time went, by the workers' own histograms: how the router split the requests, and
+    the engines' TTFT (queue + prefill) and TPOT against the client's. Client minus engine TTFT is what the
+    router, the HTTP hops and the client add before the first token."""
+    shown = [r for r in runs if r.get("engine_side")]
+    if not shown:
+        return []
+    lines = ["", "The same runs by the workers' own histograms (per worker: requests, hit rate, mean TTFT = queue "
+             "+ prefill, mean TPOT; ms). Client - engine = the client's mean TTFT minus the engines' (weighted by "
+             "requests): what the router, the HTTP hops and the client add before the first token.", "",
+             "| round | router | requests | hit rate | engine TTFT (queue + prefill) | engine TPOT | "
+             "client - engine TTFT | client - engine TPOT |", "|---|---|---|---|---|---|---|---|"]
+    for r in shown:
+        workers = r["engine_side"]
+        total = sum(w["requests"] for w in workers) or 1
+
+        def weighted(key: str) -> float:
+            return sum((w[key] or 0) * w["requests"] for w in workers) / total
+
+        def each(render_one) -> str:
+            return " / ".join(render_one(w) for w in workers)
+
+        ttft = each(lambda w: f"{_ms(w['ttft_ms'])} ({_ms(w['queue_ms'])} + {_ms(w['prefill_ms'])})")
+        lines.append(f"| {r['round'] + 1} | {r['router']} | {each(lambda w: str(w['requests']))} | "
+                     f"{each(lambda w: _pct(w['hit_rate']))} | {ttft} | {each(lambda w: _ms(w['tpot_ms'], 1))} | "
+                     f"{r['mean_ttft_ms'] - weighted('ttft_ms'):.0f} | {r['mean_tpot_ms'] - weighted('tpot_ms'):.1f} |")
+    return lines
+
+
+def _ms(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _plot_path(section: str) -> Path:

@@ -57,3 +57,24 @@ def test_the_results_folder_is_named_from_the_repository_even_through_a_link():
 
     assert _shown(ROOT / "results" / "real-engines") == "results/real-engines"
     assert _shown(Path("/elsewhere/out")) == "/elsewhere/out"
+
+
+def test_engine_side_splits_each_workers_histograms_over_the_run():
+    from loadtest.bench_real_engines import ENGINE_TIMES, engine_side, engine_side_table, fleet_hit_rate
+
+    def counters(n: float, seconds: float, hits: float, queries: float) -> dict[str, float]:
+        return {"hits": hits, "queries": queries, **{f"{key}_count": n for key in ENGINE_TIMES},
+                **{f"{key}_sum": seconds for key in ENGINE_TIMES}}
+
+    before = [counters(10, 1.0, 100, 200), counters(0, 0.0, 0, 0)]
+    after = [counters(40, 4.0, 700, 1000), counters(20, 3.0, 100, 400)]
+    workers = engine_side(before, after)
+    assert [w["requests"] for w in workers] == [30, 20]
+    assert workers[0]["hit_rate"] == 0.75 and workers[1]["hit_rate"] == 0.25
+    assert workers[0]["ttft_ms"] == 100.0 and workers[1]["tpot_ms"] == 150.0
+    assert fleet_hit_rate(before, after) == 700 / 1200
+    lines = engine_side_table([{**run(KVGATE, 0, 3.0, 300), "engine_side": workers}])
+    # client TTFT 300 ms against the engines' (30 x 100 + 20 x 150) / 50 = 120 ms; TPOT 20 against 120
+    assert lines[-1] == ("| 1 | kvgate kv_aware | 30 / 20 | 75.0% / 25.0% | 100 (100 + 100) / 150 (150 + 150) | "
+                         "100.0 / 150.0 | 180 | -100.0 |")
+    assert engine_side_table([run(SGLANG, 0, 3.0, 300)]) == []  # runs saved before the workers' side was read
