@@ -329,9 +329,12 @@ def engine_side_table(runs: Sequence[dict[str, Any]]) -> list[str]:
         return []
     lines = ["", "The same runs by the workers' own histograms (per worker: requests, hit rate, mean TTFT = queue "
              "+ prefill, mean TPOT; ms). Client - engine = the client's mean TTFT minus the engines' (weighted by "
-             "requests): what the router, the HTTP hops and the client add before the first token.", "",
+             "requests): what the router, the HTTP hops and the client add before the first token. kvgate's own = "
+             "its mean time from a request's arrival to its first token sent, and of that its routing decision "
+             "(tokenizing included).", "",
              "| round | router | requests | hit rate | engine TTFT (queue + prefill) | engine TPOT | "
-             "client - engine TTFT | client - engine TPOT |", "|---|---|---|---|---|---|---|---|"]
+             "client - engine TTFT | client - engine TPOT | kvgate's own TTFT (decision) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in shown:
         workers = r["engine_side"]
         total = sum(w["requests"] for w in workers) or 1
@@ -345,8 +348,16 @@ def engine_side_table(runs: Sequence[dict[str, Any]]) -> list[str]:
         ttft = each(lambda w: f"{_ms(w['ttft_ms'])} ({_ms(w['queue_ms'])} + {_ms(w['prefill_ms'])})")
         lines.append(f"| {r['round'] + 1} | {r['router']} | {each(lambda w: str(w['requests']))} | "
                      f"{each(lambda w: _pct(w['hit_rate']))} | {ttft} | {each(lambda w: _ms(w['tpot_ms'], 1))} | "
-                     f"{r['mean_ttft_ms'] - weighted('ttft_ms'):.0f} | {r['mean_tpot_ms'] - weighted('tpot_ms'):.1f} |")
+                     f"{r['mean_ttft_ms'] - weighted('ttft_ms'):.0f} | {r['mean_tpot_ms'] - weighted('tpot_ms'):.1f} | "
+                     f"{_own_ttft(r.get('router_stats'))} |")
     return lines
+
+
+def _own_ttft(stats: dict[str, Any] | None) -> str:
+    means = (stats or {}).get("mean_ms") or {}
+    if means.get("ttft") is None:
+        return "-"
+    return f"{means['ttft']:.0f} ({_ms(means.get('decision'), 1)})"
 
 
 def _ms(value: float | None, digits: int = 0) -> str:

@@ -216,7 +216,8 @@ class Router:
         policy = self._policy(rule)
         placed_keys = keys_by_size[specs[0].block_size]
         home = self._placements.home(placed_keys)
-        decision = policy.choose(_with_prompt(req, num_prompt_tokens, placed_keys, home), views)
+        decision = policy.choose(_with_prompt(req, num_prompt_tokens, placed_keys, home,
+                                              self._placements.prefixes_per_worker()), views)
         chosen = decision.worker_id
         self._placements.record(placed_keys, chosen)
         block_size = self._specs[chosen].block_size
@@ -342,11 +343,12 @@ class Router:
 _NOTHING_HELD = (0, 0)
 
 
-def _with_prompt(req: RouteRequest, num_prompt_tokens: int, block_keys: Sequence[int],
-                 home_worker: str | None) -> RouteRequest:
+def _with_prompt(req: RouteRequest, num_prompt_tokens: int, block_keys: Sequence[int], home_worker: str | None,
+                 prefixes_per_worker: Mapping[str, int]) -> RouteRequest:
     """req with the router's prompt facts (dataclasses.replace costs more than this per decision)."""
     return RouteRequest(req.model, req.messages, req.prompt, req.tools, req.request_id, req.tenant, req.priority,
-                        req.session_id, req.headers, req.path, num_prompt_tokens, block_keys, home_worker)
+                        req.session_id, req.headers, req.path, num_prompt_tokens, block_keys, home_worker,
+                        prefixes_per_worker)
 
 
 def _cacheable_tokens(cached_blocks: int, block_size: int, num_prompt_tokens: int) -> int:

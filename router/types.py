@@ -27,8 +27,9 @@ class WorkerSpec:
 
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
-    """What the gateway knows about a request; the router fills num_prompt_tokens, block_keys and
-    home_worker (where a prompt sharing its prefix was placed last: router/placements.py).
+    """What the gateway knows about a request; the router fills num_prompt_tokens, block_keys,
+    home_worker (where a prompt sharing its prefix was placed last: router/placements.py) and
+    prefixes_per_worker (how many recently placed prefixes each worker is the home of).
 
     Exactly one of messages (chat) and prompt (completions: text or token ids) is set.
     headers have lower-case names.
@@ -47,6 +48,7 @@ class RouteRequest:
     num_prompt_tokens: int | None = None
     block_keys: Sequence[int] = ()
     home_worker: str | None = None
+    prefixes_per_worker: Mapping[str, int] | None = None
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):

@@ -19,6 +19,7 @@ class KvAwareParams:
     session_slack: float = 1.0
     recompute_weight: float = 1.0
     home_weight: float = 1.0
+    placement_slack: float = 1.0
     hot_min_requests: int = 8
     pool_prefill_rate: bool = True
     max_requests_per_worker: int | None = None
@@ -36,6 +37,7 @@ class KvAwareParams:
         check_number("session_slack", self.session_slack, minimum=0)
         check_number("recompute_weight", self.recompute_weight, minimum=0)
         check_number("home_weight", self.home_weight, minimum=0)
+        check_number("placement_slack", self.placement_slack, minimum=0)
         check_number("hot_min_requests", self.hot_min_requests, minimum=1, integer=True)
         if not isinstance(self.pool_prefill_rate, bool):
             raise ValueError(f"pool_prefill_rate: must be true or false, got {self.pool_prefill_rate!r}")
@@ -67,6 +69,11 @@ class KvAware:
     index have forgotten it), when the home is a candidate: without it, a prefix evicted everywhere
     would be placed by load alone, and over time each worker's cache would hold copies of every
     warm prefix, which a fleet whose caches cannot hold them all pays for in evictions.
+    A new prefix (no candidate holds or is predicted to hold any of the prompt, and it has no home
+    among them) goes, among the workers whose score is within placement_slack times the prompt's
+    own prefill of the best, to the one fewest recent prefixes call home
+    (RouteRequest.prefixes_per_worker): where it lands, its later prompts follow, so a load snapshot
+    would split the prefixes (and with them the caches' contents and the load) by chance.
     Hot-spot guard: a worker with requests + 1 > max(ceil((1 + slack) * (total + 1) / n),
     hot_min_requests), or >= max_requests_per_worker (the floor keeps a lightly loaded fleet from
     scattering prefixes), ranks after every other worker whatever it holds, so a hot prefix spreads.
@@ -95,7 +102,12 @@ class KvAware:
     def choose(self, req: RouteRequest, workers: Sequence[WorkerView]) -> RouteDecision:
         scores, ttfts, cached, loads = self._scores(req, workers)
         hot, kept = self._hot(req, loads, cached)
-        order = self._break_tie(_rank(scores, hot), loads, scores, hot)
+        order = _rank(scores, hot)
+        placed = self._place_new_prefix(req, workers, order, scores, hot, cached)
+        if placed is None:
+            order = self._break_tie(order, loads, scores, hot)
+        else:
+            order = [placed, *(i for i in order if i != placed)]
         ranked_ids = tuple([workers[i].worker_id for i in order])
         explanation = tuple(
             Candidate(
@@ -103,11 +115,30 @@ class KvAware:
                 cached[i],
                 loads[i],
                 ttfts[i] * 1000.0,
-                "hot: over load bound" if hot[i] else "session: holds its history" if kept[i] else None,
+                "hot: over load bound" if hot[i] else "session: holds its history" if kept[i]
+                else "new prefix: fewest placed here" if i == placed else None,
             )
             for i in order[: self.params.explain_top_k]
         )
         return RouteDecision(self.name, ranked_ids, explanation)
+
+    def _place_new_prefix(self, req: RouteRequest, workers: Sequence[WorkerView], order: list[int],
+                          scores: list[float], hot: list[bool], cached: list[int]) -> int | None:
+        """For a new prefix: the worker, among those scoring within placement_slack x its own
+        prefill of the best, that the fewest recent prefixes call home (ties: the better score);
+        None for any other request, or when no other worker is that close."""
+        p, counts = self.params, req.prefixes_per_worker
+        if not p.placement_slack or counts is None or not req.block_keys or any(cached):
+            return None
+        if req.home_worker is not None and any(w.worker_id == req.home_worker for w in workers):
+            return None
+        best = order[0]
+        rate = statistics.median([w.load.prefill_tokens_per_s for w in workers])
+        limit = scores[best] + p.placement_slack * (req.num_prompt_tokens or 0) / rate
+        close = [i for i in order if hot[i] == hot[best] and scores[i] <= limit]
+        if len(close) < 2:
+            return None
+        return min(close, key=lambda i: counts.get(workers[i].worker_id, 0))  # close is in score order
 
     def _scores(
         self, req: RouteRequest, workers: Sequence[WorkerView]

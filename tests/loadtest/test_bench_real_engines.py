@@ -73,8 +73,11 @@ def test_engine_side_splits_each_workers_histograms_over_the_run():
     assert workers[0]["hit_rate"] == 0.75 and workers[1]["hit_rate"] == 0.25
     assert workers[0]["ttft_ms"] == 100.0 and workers[1]["tpot_ms"] == 150.0
     assert fleet_hit_rate(before, after) == 700 / 1200
-    lines = engine_side_table([{**run(KVGATE, 0, 3.0, 300), "engine_side": workers}])
+    own = {"prediction_hit_ratio": 1.0, "mean_ms": {"ttft": 290.4, "queue_wait": None, "decision": 1.25}}
+    lines = engine_side_table([{**run(KVGATE, 0, 3.0, 300), "engine_side": workers, "router_stats": own},
+                               {**run(SGLANG, 0, 3.0, 300), "engine_side": workers}])
     # client TTFT 300 ms against the engines' (30 x 100 + 20 x 150) / 50 = 120 ms; TPOT 20 against 120
-    assert lines[-1] == ("| 1 | kvgate kv_aware | 30 / 20 | 75.0% / 25.0% | 100 (100 + 100) / 150 (150 + 150) | "
-                         "100.0 / 150.0 | 180 | -100.0 |")
+    assert lines[-2] == ("| 1 | kvgate kv_aware | 30 / 20 | 75.0% / 25.0% | 100 (100 + 100) / 150 (150 + 150) | "
+                         "100.0 / 150.0 | 180 | -100.0 | 290 (1.2) |")
+    assert lines[-1].endswith("| 180 | -100.0 | - |")  # a peer router: no figures of its own
     assert engine_side_table([run(SGLANG, 0, 3.0, 300)]) == []  # runs saved before the workers' side was read

@@ -20,7 +20,8 @@ kvgate_kv_index_blocks{worker="w1"} 188.0
 
 def test_predicted_and_reported_cached_tokens_their_ratio_and_the_index_per_worker():
     assert parse_router_stats(METRICS) == {"prediction_hit_ratio": 195000 / 225000, "predicted_cached_tokens": 225000,
-                                           "reported_cached_tokens": 196000, "index_blocks": {"w0": 189, "w1": 188}}
+                                           "reported_cached_tokens": 196000, "index_blocks": {"w0": 189, "w1": 188},
+                                           "mean_ms": {"ttft": None, "queue_wait": None, "decision": None}}
 
 
 def test_a_router_that_predicted_nothing_has_no_ratio():
@@ -28,3 +29,12 @@ def test_a_router_that_predicted_nothing_has_no_ratio():
                                'kvgate_router_predicted_cached_tokens_total{pool="default"} 0.0\n')
     assert (stats["prediction_hit_ratio"], stats["predicted_cached_tokens"], stats["reported_cached_tokens"]) == (
         None, 0, None)
+
+
+def test_the_gateways_own_timings_are_means_over_every_series():
+    stats = parse_router_stats('kvgate_time_to_first_token_seconds_sum{pool="a"} 3.0\n'
+                               'kvgate_time_to_first_token_seconds_count{pool="a"} 10.0\n'
+                               'kvgate_time_to_first_token_seconds_sum{pool="b"} 1.0\n'
+                               'kvgate_time_to_first_token_seconds_count{pool="b"} 10.0\n'
+                               'kvgate_queue_wait_seconds_count{priority="normal"} 0.0\n')
+    assert stats["mean_ms"] == {"ttft": 200.0, "queue_wait": None, "decision": None}

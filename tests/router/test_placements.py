@@ -30,3 +30,20 @@ def test_the_memory_is_bounded_and_a_departed_worker_is_no_home():
     assert placements.home([1, 2, 3, 4]) is None and placements.home([10, 20]) == "b"
     with pytest.raises(ValueError):
         Placements(max_entries=0)
+
+
+def test_each_worker_counts_the_prefixes_that_call_it_home_among_the_most_recent():
+    placements = Placements(max_prefixes=3)
+    placements.record([1, 2, 3], "a")
+    placements.record([1, 2, 4], "a")  # the same prefix (first block) again: still one
+    placements.record([5, 6], "b")
+    assert placements.prefixes_per_worker() == {"a": 1, "b": 1}
+    placements.record([1, 9], "b")  # prefix 1 moved
+    placements.record([7], "a")
+    assert placements.prefixes_per_worker() == {"a": 1, "b": 2}
+    placements.record([8], "a")  # a fourth prefix: the least recently placed (5, at b) is no longer counted
+    assert placements.prefixes_per_worker() == {"a": 2, "b": 1}
+    placements.forget_worker("a")
+    assert placements.prefixes_per_worker() == {"b": 1}
+    placements.record([], "a")  # nothing to place: nothing counted
+    assert placements.prefixes_per_worker() == {"b": 1}

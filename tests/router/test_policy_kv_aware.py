@@ -172,3 +172,28 @@ def test_a_prefix_cached_nowhere_goes_back_to_its_home(home, params, queued_at_h
     table = [view("a"), view("b", queued=queued_at_home)]
     decision = KvAware(KvAwareParams(**params), rng=random.Random(0)).choose(request(PROMPT, home_worker=home), table)
     assert decision.worker_id == expected_first
+
+
+@pytest.mark.parametrize(
+    ("table", "params", "extra", "expected_first"),
+    [
+        ([view("a"), view("b", queued=300)], {}, {}, "b"),
+        ([view("a"), view("b", queued=300)], {"placement_slack": 0.0}, {}, "a"),
+        ([view("a"), view("b", queued=3000)], {}, {}, "a"),
+        ([view("a"), view("b", queued=300, confirmed=1)], {}, {}, "a"),
+        ([view("a"), view("b", queued=300)], {}, {"home_worker": "a"}, "a"),
+        ([view("a"), view("b", queued=300)], {}, {"block_keys": ()}, "a"),
+        ([view("a"), view("b", queued=300), view("c", requests=8)], {}, {}, "b"),
+    ],
+    ids=["fewest-placed-prefixes-wins", "placement-slack-zero-goes-by-load", "a-longer-queue-than-its-prefill-wins",
+         "not-new-a-worker-holds-part-of-it", "not-new-it-has-a-home", "no-full-block-nothing-to-place",
+         "a-hot-worker-is-not-placed-on"],
+)
+def test_a_new_prefix_goes_where_the_fewest_prefixes_live(table, params, extra, expected_first) -> None:
+    """Nothing of the prompt is cached or predicted anywhere and it has no home: where it lands, its
+    later prompts follow. a is the home of 5 recent prefixes, b of 3, c of none (but over the load bound)."""
+    req = request(PROMPT, **{"block_keys": (1, 2, 3), "prefixes_per_worker": {"a": 5, "b": 3}, **extra})
+    decision = KvAware(KvAwareParams(**params), rng=random.Random(0)).choose(req, table)
+    assert decision.worker_id == expected_first
+    if expected_first == "b" and not table[1].confirmed_blocks:
+        assert decision.explanation[0].note == "new prefix: fewest placed here"

@@ -237,8 +237,8 @@ def test_with_prompt_copies_every_field_of_the_request() -> None:
 
     values = {f.name: f"value of {f.name}" for f in dataclasses.fields(RouteRequest) if f.name != "messages"}
     req = RouteRequest(**values)  # every field set to something other than its default
-    assert _with_prompt(req, 7, (1, 2), "w9") == dataclasses.replace(req, num_prompt_tokens=7, block_keys=(1, 2),
-                                                             home_worker="w9")
+    assert _with_prompt(req, 7, (1, 2), "w9", {"w9": 3}) == dataclasses.replace(
+        req, num_prompt_tokens=7, block_keys=(1, 2), home_worker="w9", prefixes_per_worker={"w9": 3})
 
 
 def test_a_request_beside_one_still_computing_its_prefix_is_not_predicted_a_hit(parts) -> None:
