@@ -102,6 +102,10 @@ def round_orders(routers: Sequence[str], rounds: int) -> list[list[str]]:
 ENGINE_TIMES = {"ttft": "vllm:time_to_first_token_seconds", "queue": "vllm:request_queue_time_seconds",
                 "prefill": "vllm:request_prefill_time_seconds", "tpot": "vllm:request_time_per_output_token_seconds",
                 "e2e": "vllm:e2e_request_latency_seconds"}
+# what engine_counters reads of each worker: name -> metric
+ENGINE_COUNTERS = {"hits": HITS, "queries": QUERIES,
+                   **{f"{key}_{part}": f"{family}_{part}" for key, family in ENGINE_TIMES.items()
+                      for part in ("sum", "count")}}
 
 
 def engine_counters(worker_urls: Sequence[str]) -> list[dict[str, float]]:
@@ -110,10 +114,8 @@ def engine_counters(worker_urls: Sequence[str]) -> list[dict[str, float]]:
     out = []
     for url in worker_urls:
         text = httpx.get(f"{url}/metrics", timeout=10.0).text
-        counters = {"hits": HITS, "queries": QUERIES}
-        counters |= {f"{key}_{part}": f"{family}_{part}" for key, family in ENGINE_TIMES.items()
-                     for part in ("sum", "count")}
-        out.append({key: sum(value for _, value in parse_samples(text, family)) for key, family in counters.items()})
+        out.append({key: sum(value for _, value in parse_samples(text, metric))
+                    for key, metric in ENGINE_COUNTERS.items()})
     return out
 
 
