@@ -5,12 +5,14 @@ policy then has nothing to say where the prefix belongs, and load alone places i
 whose cache holds other prefixes: two caches end up with copies, and each evicts more. Placements
 remembers, for a few depths of each routed prompt (blocks 1, 2, 4, 8, ...: keys[2^k - 1]), the worker
 it went to last. A prompt's home is the worker of the deepest remembered depth it shares: for a
-conversation, the worker of its own last turn rather than that of the system prompt it shares.
+conversation, the worker of its own last turn rather than that of the system prompt it shares, where
+its own turns reach a remembered depth; a conversation with a session id is remembered as such.
 
-It also counts, per worker, the prefixes that call it home: prompts by their first block, among the most
-recently placed max_prefixes. A policy placing a prefix no worker holds uses the counts to keep each
-worker's share of prefixes even (each cache then holds its share), as a load snapshot cannot: a prefix,
-once placed, brings its later prompts with it.
+It also counts, per worker, the prefixes that call it home, among the most recently placed max_prefixes:
+a conversation (its session id) counts as one prefix of its own, any other prompt by its first block. A
+policy placing a prefix no worker holds, or a conversation's first turn, uses the counts to keep each
+worker's share of prefixes even (each cache then holds its share), as a load snapshot cannot: a prefix
+or a conversation, once placed, brings its later prompts with it.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ class Placements:
         self.max_entries = max_entries
         self.max_prefixes = max_prefixes
         self._last: OrderedDict[int, str] = OrderedDict()
-        self._prefixes: OrderedDict[int, str] = OrderedDict()  # first block -> its worker, last placed last
+        self._prefixes: OrderedDict[int | str, str] = OrderedDict()  # prefix -> its worker, last placed last
         self._prefix_counts: Counter[str] = Counter()
 
-    def record(self, keys: Sequence[int], worker_id: str) -> None:
-        """A prompt with these keys was placed on worker_id (the least recently placed go first)."""
+    def record(self, keys: Sequence[int], worker_id: str, session_id: str | None = None) -> None:
+        """A prompt with these keys (of the conversation session_id, if given) was placed on
+        worker_id (the least recently placed go first)."""
         if not keys:
             return
         last = self._last
@@ -46,24 +49,28 @@ class Placements:
         while len(last) > self.max_entries:
             last.popitem(last=False)
         prefixes, counts = self._prefixes, self._prefix_counts
-        before = prefixes.get(keys[0])
+        prefix = keys[0] if session_id is None else session_id
+        before = prefixes.get(prefix)
         if before != worker_id:
             if before is not None:
                 counts[before] -= 1
             counts[worker_id] += 1
-            prefixes[keys[0]] = worker_id
-        prefixes.move_to_end(keys[0])
+            prefixes[prefix] = worker_id
+        prefixes.move_to_end(prefix)
         if len(prefixes) > self.max_prefixes:
             _, gone = prefixes.popitem(last=False)
             counts[gone] -= 1
 
     def prefixes_per_worker(self) -> Mapping[str, int]:
-        """How many of the recently placed prefixes (first blocks) each worker is the home of (a
-        worker with none may be absent)."""
+        """How many of the recently placed prefixes (first blocks, or conversations) each worker is the
+        home of (a worker with none may be absent)."""
         return self._prefix_counts
 
-    def home(self, keys: Sequence[int]) -> str | None:
-        """The worker of the deepest remembered depth of keys (None: none remembered)."""
+    def home(self, keys: Sequence[int], session_id: str | None = None) -> str | None:
+        """The worker the conversation session_id went to last, if it is among the recently placed
+        prefixes; else the worker of the deepest remembered depth of keys (None: none remembered)."""
+        if session_id is not None and session_id in self._prefixes:
+            return self._prefixes[session_id]
         get = self._last.get
         for depth in reversed(_depths(len(keys))):
             worker = get(keys[depth])

@@ -215,11 +215,13 @@ class Router:
         views = self._views(specs, matches)
         policy = self._policy(rule)
         placed_keys = keys_by_size[specs[0].block_size]
-        home = self._placements.home(placed_keys)
+        # a conversation's first turn has no home: where the last conversation sharing its system prompt
+        # went says nothing of where this one (and its later turns) should go
+        home = None if req.starts_session else self._placements.home(placed_keys, req.session_id)
         decision = policy.choose(_with_prompt(req, num_prompt_tokens, placed_keys, home,
                                               self._placements.prefixes_per_worker()), views)
         chosen = decision.worker_id
-        self._placements.record(placed_keys, chosen)
+        self._placements.record(placed_keys, chosen, req.session_id)
         block_size = self._specs[chosen].block_size
         confirmed, predicted = matches[block_size].get(chosen, _NOTHING_HELD)
         # what the request will find cached: a predicted prefix counts once its request has computed it

@@ -28,8 +28,9 @@ class WorkerSpec:
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
     """What the gateway knows about a request; the router fills num_prompt_tokens, block_keys,
-    home_worker (where a prompt sharing its prefix was placed last: router/placements.py) and
-    prefixes_per_worker (how many recently placed prefixes each worker is the home of).
+    home_worker (where its conversation, or a prompt sharing its prefix, was placed last:
+    router/placements.py; none for a conversation's first turn) and prefixes_per_worker (how many
+    recently placed prefixes and conversations each worker is the home of).
 
     Exactly one of messages (chat) and prompt (completions: text or token ids) is set.
     headers have lower-case names.
@@ -53,6 +54,13 @@ class RouteRequest:
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
             raise ValueError("route request needs exactly one of messages and prompt")
+
+    @property
+    def starts_session(self) -> bool:
+        """The first turn of a conversation: a chat request with a session id and no assistant
+        message yet. Its later turns extend its prompt and follow it wherever it is placed."""
+        return (self.session_id is not None and self.messages is not None
+                and not any(isinstance(m, Mapping) and m.get("role") == "assistant" for m in self.messages))
 
 
 class WorkerView(NamedTuple):

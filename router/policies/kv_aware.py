@@ -70,10 +70,12 @@ class KvAware:
     would be placed by load alone, and over time each worker's cache would hold copies of every
     warm prefix, which a fleet whose caches cannot hold them all pays for in evictions.
     A new prefix (no candidate holds or is predicted to hold any of the prompt, and it has no home
-    among them) goes, among the workers whose score is within placement_slack times the prompt's
-    own prefill of the best, to the one fewest recent prefixes call home
-    (RouteRequest.prefixes_per_worker): where it lands, its later prompts follow, so a load snapshot
-    would split the prefixes (and with them the caches' contents and the load) by chance.
+    among them), and a conversation's first turn (RouteRequest.starts_session: it has no home, even
+    where a worker holds its system prompt), goes, among the workers whose score is within
+    placement_slack times the prompt's own prefill of the best, to the one fewest recent prefixes and
+    conversations call home (RouteRequest.prefixes_per_worker): where it lands, its later prompts
+    follow, so a load snapshot (or the worker that holds the shared system prompt) would split the
+    prefixes and conversations (and with them the caches' contents and the load) by chance.
     Hot-spot guard: a worker with requests + 1 > max(ceil((1 + slack) * (total + 1) / n),
     hot_min_requests), or >= max_requests_per_worker (the floor keeps a lightly loaded fleet from
     scattering prefixes), ranks after every other worker whatever it holds, so a hot prefix spreads.
@@ -104,10 +106,12 @@ class KvAware:
         hot, kept = self._hot(req, loads, cached)
         order = _rank(scores, hot)
         placed = self._place_new_prefix(req, workers, order, scores, hot, cached)
+        placed_note = None
         if placed is None:
             order = self._break_tie(order, loads, scores, hot)
         else:
             order = [placed, *(i for i in order if i != placed)]
+            placed_note = f"new {'session' if req.starts_session else 'prefix'}: fewest placed here"
         ranked_ids = tuple([workers[i].worker_id for i in order])
         explanation = tuple(
             Candidate(
@@ -116,7 +120,7 @@ class KvAware:
                 loads[i],
                 ttfts[i] * 1000.0,
                 "hot: over load bound" if hot[i] else "session: holds its history" if kept[i]
-                else "new prefix: fewest placed here" if i == placed else None,
+                else placed_note if i == placed else None,
             )
             for i in order[: self.params.explain_top_k]
         )
@@ -124,11 +128,13 @@ class KvAware:
 
     def _place_new_prefix(self, req: RouteRequest, workers: Sequence[WorkerView], order: list[int],
                           scores: list[float], hot: list[bool], cached: list[int]) -> int | None:
-        """For a new prefix: the worker, among those scoring within placement_slack x its own
-        prefill of the best, that the fewest recent prefixes call home (ties: the better score);
-        None for any other request, or when no other worker is that close."""
+        """For a new prefix or a conversation's first turn: the worker, among those scoring within
+        placement_slack x its own prefill of the best, that the fewest recent prefixes call home
+        (ties: the better score); None for any other request, or when no other worker is that close."""
         p, counts = self.params, req.prefixes_per_worker
-        if not p.placement_slack or counts is None or not req.block_keys or any(cached):
+        if not p.placement_slack or counts is None or not req.block_keys:
+            return None
+        if any(cached) and not req.starts_session:
             return None
         if req.home_worker is not None and any(w.worker_id == req.home_worker for w in workers):
             return None

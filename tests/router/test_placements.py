@@ -47,3 +47,22 @@ def test_each_worker_counts_the_prefixes_that_call_it_home_among_the_most_recent
     assert placements.prefixes_per_worker() == {"b": 1}
     placements.record([], "a")  # nothing to place: nothing counted
     assert placements.prefixes_per_worker() == {"b": 1}
+
+
+def test_a_conversation_counts_as_one_prefix_of_its_own_wherever_its_turns_go():
+    placements = Placements()
+    placements.record([1, 2], "a", session_id="user-1")  # two conversations on one system prompt (block 1)
+    placements.record([1, 3], "b", session_id="user-2")
+    placements.record([1, 2, 4], "a", session_id="user-1")  # user-1's next turn: still one
+    assert placements.prefixes_per_worker() == {"a": 1, "b": 1}
+    placements.record([1, 3, 5], "a", session_id="user-2")  # user-2 moved
+    assert placements.prefixes_per_worker() == {"a": 2, "b": 0}
+
+
+def test_a_conversations_home_is_where_its_last_turn_went():
+    placements = Placements()
+    placements.record([1, 2, 3, 4], "a", session_id="user-1")
+    placements.record([1, 2, 3, 4], "b", session_id="user-2")  # the same depths (a shared system prompt)
+    assert placements.home([1, 2, 3, 4, 5], "user-1") == "a"
+    assert placements.home([1, 2, 3, 4, 5]) == "b"  # without the session: the depths' last placement
+    assert placements.home([1, 2, 3, 4, 5], "user-3") == "b"  # a session not remembered: the same

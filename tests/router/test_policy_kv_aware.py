@@ -7,6 +7,7 @@ import random
 import pytest
 
 from router.policies.kv_aware import KvAware, KvAwareParams
+from router.types import RouteRequest
 from tests.router._views import request, view
 
 PROMPT = 1024  # 64 blocks of 16
@@ -197,3 +198,34 @@ def test_a_new_prefix_goes_where_the_fewest_prefixes_live(table, params, extra, 
     assert decision.worker_id == expected_first
     if expected_first == "b" and not table[1].confirmed_blocks:
         assert decision.explanation[0].note == "new prefix: fewest placed here"
+
+
+SYSTEM = {"role": "system", "content": "shared system prompt"}
+FIRST_TURN = [SYSTEM, {"role": "user", "content": "hello"}]
+LATER_TURN = [*FIRST_TURN, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "and?"}]
+
+
+@pytest.mark.parametrize(
+    ("messages", "session_id", "queued_at_holder", "expected_first"),
+    [
+        (FIRST_TURN, "user-1", 800, "b"),
+        (FIRST_TURN, "user-1", 0, "a"),
+        (LATER_TURN, "user-1", 800, "a"),
+        (FIRST_TURN, None, 800, "a"),
+    ],
+    ids=["first-turn-goes-where-the-fewest-live", "first-turn-beside-an-idle-holder-keeps-the-hit",
+         "a-later-turn-is-not-placed-again", "without-a-session-the-shared-prefix-decides"],
+)
+def test_a_conversations_first_turn_goes_where_the_fewest_prefixes_live(messages, session_id, queued_at_holder,
+                                                                        expected_first) -> None:
+    """a holds the shared system prompt (40 of the prompt's 64 blocks) and is the home of 5 recent
+    prefixes or conversations, b holds nothing and is the home of 3. A conversation's first turn is
+    placed like a new prefix (its later turns follow it), as long as b scores within one prefill of a."""
+    req = RouteRequest(model="m", messages=messages, session_id=session_id, num_prompt_tokens=PROMPT,
+                       block_keys=(1, 2, 3), prefixes_per_worker={"a": 5, "b": 3})
+    assert req.starts_session is (messages is FIRST_TURN and session_id is not None)
+    table = [view("a", confirmed=40, queued=queued_at_holder), view("b")]
+    decision = KvAware(rng=random.Random(0)).choose(req, table)
+    assert decision.worker_id == expected_first
+    if expected_first == "b":
+        assert decision.explanation[0].note == "new session: fewest placed here"

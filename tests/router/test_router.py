@@ -352,3 +352,28 @@ def test_every_decision_is_told_to_on_routed(parts) -> None:
     parts.router.on_routed = lambda worker, keys, ttl_s: told.append((worker, keys, ttl_s))
     decision = parts.router.route(RouteRequest(model="m", prompt=PROMPT)).decision
     assert told == [(decision.worker_id, tuple(block_keys(PROMPT, 16, "m")), 10.0)]
+
+
+def test_a_conversations_first_turn_has_no_home_and_its_later_turns_follow_it(parts, clock) -> None:
+    """Two conversations on one system prompt, every cache forgotten between turns: the second one's
+    first turn is not pulled to where the first went (the system prompt's last worker) but placed
+    where the fewest prefixes and conversations live; each conversation's next turn goes home, to
+    where its own last turn went (by the system prompt's blocks alone, both would go where the
+    conversation placed last went)."""
+    system = {"role": "system", "content": "s" * 640}
+
+    def turn(user: str, *earlier: dict) -> RouteRequest:
+        return RouteRequest(model="m", messages=[system, *earlier, {"role": "user", "content": user * 200}],
+                            session_id=f"user-{user}")
+
+    first = parts.router.route(turn("a")).decision.worker_id
+    clock.advance(11.0)  # kv_aware's prediction_ttl_s is 10 s: nothing cached or predicted anywhere
+    second = parts.router.route(turn("b")).decision
+    assert second.worker_id != first
+    assert second.explanation[0].note == "new session: fewest placed here"
+    clock.advance(11.0)
+    reply = {"role": "assistant", "content": "r" * 64}
+    assert parts.router.route(turn("a", {"role": "user", "content": "a" * 200}, reply)).decision.worker_id == first
+    clock.advance(11.0)
+    assert parts.router.route(turn("b", {"role": "user", "content": "b" * 200}, reply)).decision.worker_id \
+        == second.worker_id
