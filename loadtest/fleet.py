@@ -246,13 +246,16 @@ class Fleet(Started):
 
     def start_external(self, command: ExternalCommand) -> str:
         """Start a peer router over this fleet's workers (as the gateway sees them: through any fault
-        proxy); wait until it answers /health; returns its base URL (.../v1)."""
+        proxy); wait until it routes; returns its base URL (.../v1). "Routes" is /v1/models answering
+        below 500: a router may answer /health before it has found a healthy worker (sglang-router
+        0.3.2 does, and answers every request with 503 meanwhile), and a run started then would count
+        its first requests as the router's failures and its hit rate over the rest."""
         n = self.config.num_workers
         port = self.config.port(4 * n) or free_port()
         metrics_port = self.config.port(4 * n + 2) or free_port()
         argv = command.argv([ep.route_url for ep in self.endpoints], port, metrics_port)
         url = f"http://127.0.0.1:{port}"
-        self._start(f"router-{command.name}", argv, f"{url}/health") \
+        self._start(f"router-{command.name}", argv, f"{url}/v1/models") \
             .wait_healthy(self.config.health_timeout_s, any_answer=True)
         return f"{url}/v1"
 

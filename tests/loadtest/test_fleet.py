@@ -99,12 +99,15 @@ def test_runs_go_policies_first_then_routers_at_a_url_then_routers_the_run_start
 
 @pytest.mark.slow
 def test_a_router_the_run_starts_fronts_the_fleets_workers(tmp_path):
-    """--external-command: the stand-in gateway, started as a peer router over the sim workers' URLs."""
+    """--external-command: the stand-in gateway, started as a peer router over the sim workers' URLs. It
+    answers /health at once but refuses to route for its first 2 s (as sglang-router does until it has
+    found its workers): the run starts once it routes, so no request meets that refusal."""
     from loadtest.external_router import ExternalCommand
 
     _, specs = build_workload("multi_tenant_long_prefix", 0, {"num_requests": "6", "prefix_tokens": "200",
                                                                "output_tokens": "4"})
-    router = ExternalCommand("peer", " ".join([*FAKE_GATEWAY, "--worker-urls", "{worker_urls}", "--port", "{port}"]))
+    router = ExternalCommand("peer", " ".join([*FAKE_GATEWAY, "--worker-urls", "{worker_urls}", "--port", "{port}",
+                                               "--routes-after-s", "2"]))
     config = FleetConfig(work_dir=tmp_path, num_workers=2, policies=(), external_commands=(router,),
                          health_timeout_s=60)
     plan = RunPlan(name="", driver=DriverConfig(base_url="", model="", concurrency=2, progress=False))
