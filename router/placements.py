@@ -69,8 +69,8 @@ class Placements:
     def home(self, keys: Sequence[int], session_id: str | None = None) -> str | None:
         """The worker the conversation session_id went to last, if it is among the recently placed
         prefixes; else the worker of the deepest remembered depth of keys (None: none remembered)."""
-        if session_id is not None and session_id in self._prefixes:
-            return self._prefixes[session_id]
+        if session_id is not None and (worker := self._prefixes.get(session_id)) is not None:
+            return worker
         get = self._last.get
         for depth in reversed(_depths(len(keys))):
             worker = get(keys[depth])
