@@ -44,6 +44,9 @@ class WorkerLoad:
     The scraped counts are a snapshot up to a scrape interval old; our own requests move them on
     in between (a first token takes one from waiting to running, a finish takes one off), so a
     request that has just finished does not keep its worker looking busy until the next scrape.
+    The scraped KV usage moves with the running count, each running request taken to hold an equal
+    share of the blocks in use: a worker whose cache was full at the scrape does not look full (and
+    repel every request) for a whole interval after its requests have finished.
     """
 
     in_flight_requests: int = 0
@@ -183,6 +186,7 @@ class LoadView:
         if load.scraped_waiting_requests:
             load.scraped_waiting_requests -= 1
         if load.scraped_running_requests is not None:
+            _move_kv_usage(load, load.scraped_running_requests + 1)
             load.scraped_running_requests += 1
         elapsed_s = now - flight.dispatched_at
         work = flight.tokens_ahead + flight.prefill_tokens
@@ -206,6 +210,7 @@ class LoadView:
             load.prefill_tokens_queued -= flight.prefill_tokens
             return
         if load.scraped_running_requests:
+            _move_kv_usage(load, load.scraped_running_requests - 1)
             load.scraped_running_requests -= 1
         load.count_requests()
         load.decode_seqs_running -= 1
@@ -237,3 +242,11 @@ class LoadView:
         a CPU worker prefills ~30x slower than the GPU-class default), then an EWMA of ewma_alpha."""
         alpha = max(self.priors.ewma_alpha, 1.0 / (samples_before + 1))
         return (1 - alpha) * current + alpha * sample
+
+
+def _move_kv_usage(load: WorkerLoad, running: int) -> None:
+    """The scraped KV usage scaled from the running count it was last moved with to running (an
+    equal share of the blocks in use per running request; unknown at 0 running, so left as is)."""
+    before = load.scraped_running_requests
+    if load.kv_usage_frac and before:
+        load.kv_usage_frac = min(1.0, load.kv_usage_frac * running / before)

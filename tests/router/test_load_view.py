@@ -122,6 +122,28 @@ def test_our_own_requests_move_the_scraped_snapshot_on_until_the_next_scrape(loa
     assert (load.scraped_waiting_requests, load.num_requests) == (0, 0)
 
 
+def test_the_scraped_kv_usage_moves_with_the_running_requests_until_the_next_scrape(loads: LoadView) -> None:
+    """Scraped with 4 of our requests running and the cache 90% in use: as they finish, the usage
+    falls by an equal share each (a full cache at the scrape would otherwise repel every request
+    for a whole scrape interval); a first token adds a share; the next scrape replaces it."""
+    flights = [loads.on_dispatch("w0", prefill_tokens=10) for _ in range(5)]
+    for flight in flights[:4]:
+        loads.on_first_token(flight)
+    loads.set_scraped("w0", waiting_requests=1, running_requests=4, kv_usage_frac=0.9)
+    load = loads.get("w0")
+    loads.on_finish(flights[0], output_tokens=2)
+    loads.on_finish(flights[1], output_tokens=2)
+    assert load.kv_usage_frac == pytest.approx(0.45)
+    loads.on_first_token(flights[4])
+    assert load.kv_usage_frac == pytest.approx(0.675)
+    for flight in flights[2:]:
+        loads.on_finish(flight, output_tokens=2)
+    assert (load.scraped_running_requests, load.kv_usage_frac) == (0, 0.0)
+    loads.set_scraped("w0", running_requests=0, kv_usage_frac=0.3)  # another gateway's request holds blocks
+    loads.on_first_token(loads.on_dispatch("w0", prefill_tokens=10))
+    assert load.kv_usage_frac == 0.3  # no share to scale from at 0 running
+
+
 def test_the_first_rate_samples_are_averaged_then_weighted_by_ewma_alpha(clock) -> None:
     """A prior far off (a CPU worker is ~30x slower than the GPU-class default) must not linger:
     the first samples are a running mean, after which each new one weighs ewma_alpha."""
