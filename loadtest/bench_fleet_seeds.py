@@ -1,6 +1,6 @@
 """kvgate's kv_aware beside SGLang's router on a real vLLM fleet whose caches cannot hold every hot
 prefix, over several seeds (issue #17: hit rate above the static-partition bound and at least
-sglang-router cache_aware's).
+sglang-router cache_aware's); with --engine sim, the same fleet of sim workers (seconds a seed).
 
 One run swings by a few points of hit rate / oracle between seeds, so one run cannot tell which router
 places prefixes better. This runs one `kvgate bench fleet` command per seed (2 vLLM CPU workers with 96
@@ -10,11 +10,18 @@ kv_aware and through sglang-router cache_aware, each on a fresh fleet, and judge
 seeds. The static partition (each tenant on one worker, LRU caches of the fleet's size, simulated over
 the same requests: loadtest/oracle.py) is the bound a router that only pins tenants reaches.
 
+The sim fleet (`--engine sim`: the same command on 2 `sim` workers with vLLM's block size, timed as
+an H100 serves an 8B model: a request in ~0.2 s where the CPU workers take seconds) replays the placement
+decisions at the rate a GPU fleet makes them: there, a load signal that lags by a scrape interval
+spans many requests, where on the CPU fleet it spans a fraction of one.
+
 Writes results/fleet-seeds/seed-<S>/ (each run's own results and report) and the
-"real-engines-fleet-seeds" section of docs/benchmarks.md.
-Run: .venv/bin/python -m loadtest.bench_fleet_seeds [--seeds 1,2,3] [--no-doc | --doc-only]
+"real-engines-fleet-seeds" section of docs/benchmarks.md (sim: results/sim-fleet-seeds/, section
+"sim-fleet-seeds").
+Run: .venv/bin/python -m loadtest.bench_fleet_seeds [--engine vllm|sim] [--seeds 1,2,3] [--no-doc | --doc-only]
 (installs vLLM's CPU build into results/vllm-venv and needs sglang-router in results/sglang-venv:
-docs/loadtest.md, "Peer routers"; about 16 minutes a seed on 2 cores: each run starts its vLLM workers.)
+docs/loadtest.md, "Peer routers"; about 16 minutes a seed on 2 cores: each run starts its vLLM workers;
+sim: ~15 s a seed.)
 """
 
 from __future__ import annotations
@@ -27,18 +34,45 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from loadtest.benchdoc import machine_description, replace_section
 
-SECTION = "real-engines-fleet-seeds"
-OUT = Path("results/fleet-seeds")
 SGLANG = ("sglang=results/sglang-venv/bin/python -m sglang_router.launch_router --host 127.0.0.1 "
           "--worker-urls {worker_urls} --policy cache_aware --port {port} --prometheus-port {metrics_port}")
-FLEET = ["bench", "fleet", "--engine", "vllm", "--workers", "2", "--num-blocks", "96", "--policies", "kv_aware",
-         "--external-command", SGLANG, "--workload", "multi_tenant_long_prefix", "--param", "num_tenants=16",
-         "--param", "prefix_tokens=600", "--param", "output_tokens=16", "--param", "num_requests=160",
-         "--param", "tenant_zipf=1.1", "--concurrency", "8", "--duration-s", "900"]
+RUN = ["--workers", "2", "--num-blocks", "96", "--policies", "kv_aware",
+       "--external-command", SGLANG, "--workload", "multi_tenant_long_prefix", "--param", "num_tenants=16",
+       "--param", "prefix_tokens=600", "--param", "output_tokens=16", "--param", "num_requests=160",
+       "--param", "tenant_zipf=1.1", "--concurrency", "8", "--duration-s", "900"]
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What differs between the vLLM fleet and the sim fleet: the command, where results go, the
+    section, the default seeds and how the section describes the workers."""
+
+    section: str
+    out: Path
+    fleet: list[str]
+    seeds: str
+    title: str
+    workers: str
+
+
+ENGINES = {
+    "vllm": Engine("real-engines-fleet-seeds", Path("results/fleet-seeds"),
+                   ["bench", "fleet", "--engine", "vllm", *RUN], "1,2,3", "a real vLLM fleet short of cache",
+                   "2 vLLM CPU workers (SmolLM2-135M-Instruct\nfp32, 96 KV blocks of 32 tokens each: 3,072 tokens "
+                   "a worker, vLLM's KV events to kvgate)"),
+    "sim": Engine("sim-fleet-seeds", Path("results/sim-fleet-seeds"),
+                  ["bench", "fleet", "--engine", "sim", "--worker-arg=--block-size=32", *RUN], "1,2,3,4,5,6,7,8",
+                  "a sim fleet short of cache",
+                  "2 `sim` workers (timed as vLLM serves Llama-3.1-8B on an H100:\na request in ~0.2 s where the "
+                  "CPU workers take seconds; 96 KV blocks of 32 tokens each: 3,072 tokens a worker, KV events\n"
+                  "to kvgate)"),
+}
+FLEET = ENGINES["vllm"].fleet
 ROUTERS = {"kv_aware": "kvgate kv_aware", "sglang": "sglang-router cache_aware"}
 PREDICTION_TARGET = 0.97
 
@@ -73,7 +107,7 @@ def verdicts(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, bool]]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    rows = result["seeds"]
+    rows, engine = result["seeds"], ENGINES[result.get("engine", "vllm")]
     table = "\n".join(
         f"| {row['seed']} | {row['kv_aware']:.3f} | {row['sglang']:.3f} | {row['static']:.3f} | "
         f"{'-' if row['prediction'] is None else format(row['prediction'], '.3f')} | "
@@ -81,17 +115,16 @@ def markdown(result: dict[str, Any]) -> str:
     means = " | ".join(f"{statistics.fmean(row[key] for row in rows):.3f}" for key in ("kv_aware", "sglang", "static"))
     targets = "\n".join(f"| {name} | {value} | {bound} | {'pass' if ok else 'FAIL'} |"
                         for name, value, bound, ok in verdicts(rows))
-    return f"""## Routers on a real vLLM fleet short of cache, over several seeds
+    return f"""## Routers on {engine.title}, over several seeds
 
 Command: `{result['command']}`
 Machine: {result['machine']}; run {result['date']}.
 
-Each seed runs `{result['fleet_command']} --seed S`: 2 vLLM CPU workers (SmolLM2-135M-Instruct
-fp32, 96 KV blocks of 32 tokens each: 3,072 tokens a worker, vLLM's KV events to kvgate), 16 tenants
+Each seed runs `{result['fleet_command']} --seed S`: {engine.workers}, 16 tenants
 with ~600-token prefixes (zipf 1.1: ~9,600 tokens of prefixes in all), 160 requests, 8 in flight,
 through kvgate kv_aware and through sglang-router cache_aware, each on a fresh fleet. Hit rate / oracle
-(the oracle: every prefix computed once, an infinite cache, in full blocks of vLLM's 32 tokens, as the
-workers share them), over the requests each router served.
+(the oracle: every prefix computed once, an infinite cache, in full 32-token blocks, as the workers
+share them), over the requests each router served.
 Static partition: each tenant on one worker with LRU caches of this size, simulated over the same
 requests. Errors: requests that failed (kvgate / sglang-router; a refusal is a 503).
 
@@ -104,33 +137,36 @@ requests. Errors: requests that failed (kvgate / sglang-router; a refusal is a 5
 |---|---|---|---|
 {targets}
 
-Raw figures and each seed's report: `{OUT}/seed-<S>/`."""
+Raw figures and each seed's report: `{engine.out}/seed-<S>/`."""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", default="1,2,3", help="comma-separated workload seeds")
+    parser.add_argument("--engine", choices=ENGINES, default="vllm", help="the workers (default: vllm)")
+    parser.add_argument("--seeds", help="comma-separated workload seeds (default: vllm 1,2,3; sim 1 to 8)")
     parser.add_argument("--no-doc", action="store_true", help="leave docs/benchmarks.md alone")
     parser.add_argument("--doc-only", action="store_true",
-                        help=f"rewrite the section from the last run's {OUT}/result.json, running nothing")
+                        help="rewrite the section from the last run's result.json, running nothing")
     args = parser.parse_args()
+    engine = ENGINES[args.engine]
     if args.doc_only:
-        replace_section(SECTION, markdown(json.loads((OUT / "result.json").read_text())))
+        replace_section(engine.section, markdown(json.loads((engine.out / "result.json").read_text())))
         return
     result: dict[str, Any] = {
-        "command": shlex.join(["python", "-m", "loadtest.bench_fleet_seeds", *sys.argv[1:]]),
-        "fleet_command": shlex.join(["kvgate", *FLEET]), "machine": machine_description(),
+        "command": shlex.join(["python", "-m", "loadtest.bench_fleet_seeds", *sys.argv[1:]]), "engine": args.engine,
+        "fleet_command": shlex.join(["kvgate", *engine.fleet]), "machine": machine_description(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "seeds": []}
-    for seed in (int(s) for s in args.seeds.split(",")):
-        out = OUT / f"seed-{seed}"
+    for seed in (int(s) for s in (args.seeds or engine.seeds).split(",")):
+        out = engine.out / f"seed-{seed}"
         print(f"[seed {seed}]", flush=True)
-        subprocess.run([sys.executable, "-m", "kvgate", *FLEET, "--seed", str(seed), "--out", str(out)], check=True)
+        subprocess.run([sys.executable, "-m", "kvgate", *engine.fleet, "--seed", str(seed), "--out", str(out),
+                        "--no-progress"], check=True)
         result["seeds"].append({"seed": seed, **seed_figures(out)})
-    (OUT / "result.json").write_text(json.dumps(result, indent=2))
+    (engine.out / "result.json").write_text(json.dumps(result, indent=2))
     text = markdown(result)
     print(text)
     if not args.no_doc:
-        replace_section(SECTION, text)
+        replace_section(engine.section, text)
 
 
 if __name__ == "__main__":

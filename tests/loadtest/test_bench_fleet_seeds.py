@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.bench_fleet_seeds import FLEET, markdown, seed_figures, verdicts
+from loadtest.bench_fleet_seeds import ENGINES, FLEET, markdown, seed_figures, verdicts
 
 
 def _result(path: Path, hit_rate: float, errors: int = 0, prediction: float | None = None) -> None:
@@ -52,3 +52,15 @@ def test_the_section_names_the_fleet_command_and_a_row_per_seed() -> None:
     text = markdown(result)
     assert "--num-blocks 96" in text and "| 1 | 0.900 | 0.800 | 0.700 | 0.990 | 0 / 0 |" in text
     assert "| mean | 0.850 | 0.800 | 0.700 | | |" in text and "FAIL" not in text
+
+
+def test_the_sim_fleet_runs_the_same_workload_on_sim_workers_with_the_vllm_fleets_blocks() -> None:
+    sim, vllm = ENGINES["sim"], ENGINES["vllm"]
+    assert sim.fleet[:4] == ["bench", "fleet", "--engine", "sim"] and "--worker-arg=--block-size=32" in sim.fleet
+    assert [a for a in sim.fleet if a not in ("sim", "--worker-arg=--block-size=32")] == [
+        a for a in vllm.fleet if a != "vllm"]
+    result = {"command": "c", "fleet_command": "kvgate " + " ".join(sim.fleet), "machine": "m", "date": "d",
+              "engine": "sim", "seeds": [_row(1, 0.9, 0.8, 0.7)]}
+    text = markdown(result)
+    assert text.startswith("## Routers on a sim fleet short of cache") and "results/sim-fleet-seeds/seed-<S>/" in text
+    assert sim.section != vllm.section and sim.out != vllm.out
