@@ -33,8 +33,8 @@ import shlex
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from loadtest.benchdoc import machine_description, replace_section
