@@ -78,8 +78,8 @@ PREDICTION_TARGET = 0.97
 
 
 def seed_figures(out: Path) -> dict[str, Any]:
-    """Hit rate / oracle of each router and of the static partition, kvgate's prediction hit ratio
-    and each router's errors, from one seed's results."""
+    """Hit rate / oracle of each router and of the static partition, kvgate's prediction hit ratio,
+    and each router's errors, TTFT p50 / p90 and requests/s, from one seed's results."""
     results = {name: json.loads((out / f"{name}.json").read_text()) for name in ROUTERS}
     oracle = results["kv_aware"]["oracle"]
     figures: dict[str, Any] = {
@@ -88,7 +88,24 @@ def seed_figures(out: Path) -> dict[str, Any]:
     figures["prediction"] = (results["kv_aware"].get("router") or {}).get("prediction_hit_ratio")
     figures["errors"] = {name: result["summary"]["num_errors"] for name, result in results.items()}
     figures["requests"] = {name: result["summary"]["num_requests"] for name, result in results.items()}
+    figures["speed"] = {name: {"ttft_p50_ms": result["summary"]["ttft_ms"]["p50"],
+                               "ttft_p90_ms": result["summary"]["ttft_ms"]["p90"],
+                               "req_per_s": result["summary"]["throughput_rps"]} for name, result in results.items()}
     return figures
+
+
+def speed_table(rows: list[dict[str, Any]]) -> str:
+    """Each router's TTFT p50 / p90 and requests/s, means over the seeds (not judged: the target is
+    the hit rate); empty for a run from before they were recorded."""
+    if not all("speed" in row for row in rows):
+        return ""
+    lines = ["| router | TTFT p50 ms | TTFT p90 ms | req/s |", "|---|---|---|---|"]
+    for name, label in ROUTERS.items():
+        mean = {key: statistics.fmean(row["speed"][name][key] for row in rows)
+                for key in ("ttft_p50_ms", "ttft_p90_ms", "req_per_s")}
+        lines.append(f"| {label} | {mean['ttft_p50_ms']:.0f} | {mean['ttft_p90_ms']:.0f} | {mean['req_per_s']:.2f} |")
+    return "Means over the seeds, not judged (8 requests in flight: requests/s follows the prefill each router\n" \
+           "saves and how evenly it spreads the load):\n\n" + "\n".join(lines) + "\n\n"
 
 
 def verdicts(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, bool]]:
@@ -115,6 +132,7 @@ def markdown(result: dict[str, Any]) -> str:
     means = " | ".join(f"{statistics.fmean(row[key] for row in rows):.3f}" for key in ("kv_aware", "sglang", "static"))
     targets = "\n".join(f"| {name} | {value} | {bound} | {'pass' if ok else 'FAIL'} |"
                         for name, value, bound, ok in verdicts(rows))
+    speeds = speed_table(rows)
     return f"""## Routers on {engine.title}, over several seeds
 
 Command: `{result['command']}`
@@ -133,7 +151,7 @@ requests. Errors: requests that failed (kvgate / sglang-router; a refusal is a 5
 {table}
 | mean | {means} | | |
 
-| target (issue #17) | value | target | result |
+{speeds}| target (issue #17) | value | target | result |
 |---|---|---|---|
 {targets}
 

@@ -11,7 +11,8 @@ from loadtest.bench_fleet_seeds import ENGINES, FLEET, markdown, seed_figures, v
 
 
 def _result(path: Path, hit_rate: float, errors: int = 0, prediction: float | None = None) -> None:
-    result = {"summary": {"prefix_hit_rate": hit_rate, "num_errors": errors, "num_requests": 160},
+    result = {"summary": {"prefix_hit_rate": hit_rate, "num_errors": errors, "num_requests": 160,
+                          "ttft_ms": {"p50": 40.0, "p90": 90.0}, "throughput_rps": 2.5},
               "oracle": {"hit_rate": 0.8, "static_partition_hit_rate": 0.6}}
     if prediction is not None:
         result["router"] = {"prediction_hit_ratio": prediction}
@@ -27,6 +28,7 @@ def test_seed_figures_set_each_router_and_the_static_partition_against_the_oracl
     assert figures["static"] == pytest.approx(0.75)
     assert figures["prediction"] == 0.99
     assert figures["errors"] == {"kv_aware": 0, "sglang": 3}
+    assert figures["speed"]["sglang"] == {"ttft_p50_ms": 40.0, "ttft_p90_ms": 90.0, "req_per_s": 2.5}
 
 
 def _row(seed: int, kv_aware: float, sglang: float, static: float, prediction: float | None = 0.99) -> dict:
@@ -64,3 +66,14 @@ def test_the_sim_fleet_runs_the_same_workload_on_sim_workers_with_the_vllm_fleet
     text = markdown(result)
     assert text.startswith("## Routers on a sim fleet short of cache") and "results/sim-fleet-seeds/seed-<S>/" in text
     assert sim.section != vllm.section and sim.out != vllm.out
+
+
+def test_the_section_gives_each_routers_mean_ttft_and_throughput_when_the_run_recorded_them() -> None:
+    speed = {"kv_aware": {"ttft_p50_ms": 30.0, "ttft_p90_ms": 80.0, "req_per_s": 40.0},
+             "sglang": {"ttft_p50_ms": 50.0, "ttft_p90_ms": 100.0, "req_per_s": 42.0}}
+    rows = [{**_row(1, 0.9, 0.8, 0.7), "speed": speed},
+            {**_row(2, 0.9, 0.8, 0.7), "speed": {**speed, "sglang": {**speed["sglang"], "req_per_s": 44.0}}}]
+    result = {"command": "c", "fleet_command": "f", "machine": "m", "date": "d", "seeds": rows}
+    assert "| sglang-router cache_aware | 50 | 100 | 43.00 |" in markdown(result)
+    assert "| kvgate kv_aware | 30 | 80 | 40.00 |" in markdown(result)
+    assert "TTFT p50" not in markdown({**result, "seeds": [_row(1, 0.9, 0.8, 0.7)]})
