@@ -20,7 +20,7 @@ Writes results/fleet-seeds/seed-<S>/ (each run's own results and report) and the
 "sim-fleet-seeds").
 Run: .venv/bin/python -m loadtest.bench_fleet_seeds [--engine vllm|sim] [--seeds 1,2,3] [--no-doc | --doc-only]
 (installs vLLM's CPU build into results/vllm-venv and needs sglang-router in results/sglang-venv:
-docs/loadtest.md, "Peer routers"; about 16 minutes a seed on 2 cores: each run starts its vLLM workers;
+docs/loadtest.md, "Peer routers"; 6 to 16 minutes a seed on 2 cores: each run starts its vLLM workers;
 sim: ~15 s a seed.)
 """
 
