@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -338,8 +339,19 @@ class Router:
         # every candidate was added to the load view with its spec; WorkerView(...) runs a Python __new__
         loads, new = self._load.loads, tuple.__new__
         return [new(WorkerView, (s.worker_id, loads[s.worker_id], s.block_size,
-                                 *matches[s.block_size].get(s.worker_id, _NOTHING_HELD)))
+                                 *matches[s.block_size].get(s.worker_id, _NOTHING_HELD),
+                                 _free_blocks(s.num_blocks, loads[s.worker_id].kv_usage_frac)))
                 for s in specs]
+
+
+def _free_blocks(num_blocks: int | None, kv_usage_frac: float | None) -> int | None:
+    """The blocks a worker of num_blocks can allocate without waiting for a running request to end:
+    those its running requests do not hold (the scraped KV usage, moved on with our own requests
+    since the scrape: router/load_view.py); cached blocks no request holds are evictable, so free.
+    None where either is unknown."""
+    if num_blocks is None or kv_usage_frac is None:
+        return None
+    return num_blocks - math.ceil(num_blocks * kv_usage_frac)
 
 
 _NOTHING_HELD = (0, 0)

@@ -64,13 +64,16 @@ class RouteRequest:
 
 
 class WorkerView(NamedTuple):
-    """A candidate worker for one request: its live load and how much of the prompt it holds."""
+    """A candidate worker for one request: its live load, how much of the prompt it holds, and
+    free_blocks: the KV blocks it can allocate without waiting for a running request to end (its
+    capacity less the blocks its running requests hold; None where either is unknown)."""
 
     worker_id: str
     load: WorkerLoad
     block_size: int
     confirmed_blocks: int = 0
     predicted_blocks: int = 0
+    free_blocks: int | None = None
 
     @property
     def cached_blocks(self) -> int:

@@ -24,7 +24,6 @@ class KvAwareParams:
     pool_prefill_rate: bool = True
     max_requests_per_worker: int | None = None
     predicted_weight: float = 1.0
-    kv_pressure_threshold: float = 0.8
     kv_pressure_penalty_s: float = 1.0
     queue_penalty_s: float = 0.05
     decode_penalty_s: float = 0.002
@@ -43,7 +42,6 @@ class KvAwareParams:
             raise ValueError(f"pool_prefill_rate: must be true or false, got {self.pool_prefill_rate!r}")
         check_number("max_requests_per_worker", self.max_requests_per_worker, minimum=1, integer=True, optional=True)
         check_number("predicted_weight", self.predicted_weight, minimum=0, maximum=1)
-        check_number("kv_pressure_threshold", self.kv_pressure_threshold, minimum=0, maximum=0.999)
         check_number("kv_pressure_penalty_s", self.kv_pressure_penalty_s, minimum=0)
         check_number("queue_penalty_s", self.queue_penalty_s, minimum=0)
         check_number("decode_penalty_s", self.decode_penalty_s, minimum=0)
@@ -56,7 +54,7 @@ class KvAware:
     """score_s = (prefill_tokens_queued + uncached_tokens) / prefill_tokens_per_s
                + recompute_weight * uncached_tokens / prefill_tokens_per_s
                + home_weight * uncached_tokens / prefill_tokens_per_s   (not the prompt's home)
-               + kv_pressure_penalty_s * max(0, kv_usage - threshold) / (1 - threshold)
+               + kv_pressure_penalty_s * min(1, max(0, new_blocks - free_blocks) / new_blocks)
                + queue_penalty_s * waiting_requests + decode_penalty_s * decode_seqs_running
 
     cached = max(confirmed_blocks, predicted_weight * predicted_blocks) * block_size, capped at
@@ -69,6 +67,13 @@ class KvAware:
     index have forgotten it), when the home is a candidate: without it, a prefix evicted everywhere
     would be placed by load alone, and over time each worker's cache would hold copies of every
     warm prefix, which a fleet whose caches cannot hold them all pays for in evictions.
+    The fourth charges a request whose blocks do not fit: new_blocks = its uncached prompt in
+    blocks plus one for its output; free_blocks = what the worker can allocate without waiting
+    (WorkerView.free_blocks: capacity less the blocks its running requests hold, by the scraped
+    KV usage; no charge where the capacity is unknown). An engine holds such a request
+    back until running requests free blocks, or preempts one; a worker whose cache is nearly full
+    but which holds the prompt's prefix (few new blocks) is not charged: a full cache is the usual
+    state of a busy fleet, and charging by usage alone pushed prompts off the worker that held them.
     A new prefix (no candidate holds or is predicted to hold any of the prompt, and it has no home
     among them), and a conversation's first turn (RouteRequest.starts_session: it has no home, even
     where a worker holds its system prompt), goes, among the workers whose score is within
@@ -154,7 +159,7 @@ class KvAware:
         three (the hot loop of a decision: WorkerView unpacked, appends bound), one for requests."""
         p = self.params
         prompt_tokens = req.num_prompt_tokens or 0
-        threshold, kv_scale = p.kv_pressure_threshold, p.kv_pressure_penalty_s / (1 - p.kv_pressure_threshold)
+        kv_pressure_penalty_s = p.kv_pressure_penalty_s
         recompute_weight, predicted_weight = p.recompute_weight, p.predicted_weight
         home = req.home_worker if p.home_weight else None
         if home is not None and not any(worker.worker_id == home for worker in workers):
@@ -167,7 +172,7 @@ class KvAware:
         cached_blocks: list[int] = []
         requests = [worker.load.num_requests for worker in workers]
         add_score, add_ttft, add_cached = scores.append, ttfts.append, cached_blocks.append
-        for worker_id, load, block_size, blocks, predicted in workers:  # WorkerView's fields, unpacked
+        for worker_id, load, block_size, blocks, predicted, free_blocks in workers:  # WorkerView's fields, unpacked
             if predicted:
                 predicted = int(predicted_weight * predicted)
                 if predicted > blocks:
@@ -178,9 +183,10 @@ class KvAware:
             ttft = (load.prefill_tokens_queued + uncached) / rate
             away = home is not None and worker_id != home
             score = ttft + (away_weight if away else recompute_weight) * uncached / rate
-            usage = load.kv_usage_frac
-            if usage is not None and usage > threshold:
-                score += kv_scale * (usage - threshold)
+            if free_blocks is not None:
+                new_blocks = -(-uncached // block_size) + 1
+                if new_blocks > free_blocks:
+                    score += kv_pressure_penalty_s * min(1.0, (new_blocks - free_blocks) / new_blocks)
             if load.scraped_waiting_requests:
                 score += queue_penalty_s * load.scraped_waiting_requests
             if load.decode_seqs_running:

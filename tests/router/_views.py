@@ -18,6 +18,7 @@ def view(
     decodes: int = 0,
     prefill_tokens_per_s: float = 10_000.0,
     block_size: int = 16,
+    free_blocks: int | None = None,
 ) -> WorkerView:
     load = WorkerLoad(
         in_flight_requests=requests,
@@ -27,7 +28,7 @@ def view(
         kv_usage_frac=kv,
         prefill_tokens_per_s=prefill_tokens_per_s,
     )
-    return WorkerView(worker_id, load, block_size, confirmed, predicted)
+    return WorkerView(worker_id, load, block_size, confirmed, predicted, free_blocks)
 
 
 def request(num_prompt_tokens: int = 1024, **kw: object) -> RouteRequest:

@@ -1,4 +1,4 @@
-"""kv_aware: predicted TTFT with KV pressure and queue penalties, hot-spot guard, tie sampling."""
+"""kv_aware: predicted TTFT with penalties for blocks that do not fit and for queues, hot-spot guard, tie sampling."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ PROMPT = 1024  # 64 blocks of 16
     [
         ({}, [view("a", confirmed=10), view("b", confirmed=60), view("c")], "b"),
         ({}, [view("a", confirmed=64, queued=50_000), view("b")], "b"),
-        ({}, [view("a", confirmed=20, kv=0.99), view("b", confirmed=20, kv=0.5)], "b"),
+        ({}, [view("a", confirmed=20, free_blocks=10), view("b", confirmed=20, free_blocks=200)], "b"),
+        ({}, [view("a", confirmed=62, free_blocks=4), view("b", free_blocks=200)], "a"),
         ({}, [view("a", confirmed=20, waiting=10), view("b", confirmed=20)], "b"),
         ({}, [view("a", confirmed=20, decodes=40), view("b", confirmed=20)], "b"),
         ({}, [view("a", predicted=64), view("b", confirmed=10)], "a"),
@@ -30,7 +31,8 @@ PROMPT = 1024  # 64 blocks of 16
     ids=[
         "longest-prefix",
         "queued-prefill-outweighs-cache",
-        "kv-pressure",
+        "new-blocks-do-not-fit",
+        "a-full-cache-holding-the-prefix-fits-the-rest",
         "waiting-queue",
         "running-decodes",
         "predicted-counts",

@@ -377,3 +377,14 @@ def test_a_conversations_first_turn_has_no_home_and_its_later_turns_follow_it(pa
     clock.advance(11.0)
     assert parts.router.route(turn("b", {"role": "user", "content": "b" * 200}, reply)).decision.worker_id \
         == second.worker_id
+
+
+@pytest.mark.parametrize(("full", "roomy"), [("w0", "w1"), ("w1", "w0")])
+def test_a_worker_whose_running_requests_hold_its_blocks_is_charged_for_a_prompt_that_does_not_fit(
+        clock, full: str, roomy: str) -> None:
+    # 4 blocks of prompt and 1 of output: 8 blocks at 75% usage leave 2 free, at 25% 6
+    pools = {"main": [WorkerSpec(f"w{i}", "m", 16, num_blocks=8) for i in range(2)]}
+    router = Router(pools, RULES, clock=clock, rng=random.Random(0))
+    router.worker_load_scraped(full, running_requests=1, kv_usage_frac=0.75)
+    router.worker_load_scraped(roomy, running_requests=1, kv_usage_frac=0.25)
+    assert router.route(RouteRequest(model="m", prompt=PROMPT)).decision.worker_id == roomy
