@@ -21,7 +21,7 @@ Writes results/fleet-seeds/seed-<S>/ (each run's own results and report) and the
 Run: .venv/bin/python -m loadtest.bench_fleet_seeds [--engine vllm|sim] [--seeds 1,2,3] [--no-doc | --doc-only]
 (installs vLLM's CPU build into results/vllm-venv and needs sglang-router in results/sglang-venv:
 docs/loadtest.md, "Peer routers"; 6 to 16 minutes a seed on 2 cores: each run starts its vLLM workers;
-sim: ~15 s a seed.)
+sim: ~15 s a seed, 40 seeds by default.)
 """
 
 from __future__ import annotations
@@ -47,6 +47,11 @@ RUN = ["--workers", "2", "--num-blocks", "96", "--policies", "kv_aware",
        "--param", "tenant_zipf=1.1", "--concurrency", "8", "--duration-s", "900"]
 
 
+# a seed swings a router by 3-5 points, and two 16-seed runs of the same build differed by 1.4 points of the
+# mean: 40 seeds (~10 minutes on 2 cores) are what separate routers a point apart
+SIM_SEEDS = ",".join(str(seed) for seed in range(1, 41))
+
+
 @dataclass(frozen=True)
 class Engine:
     """What differs between the vLLM fleet and the sim fleet: the command, where results go, the
@@ -66,7 +71,7 @@ ENGINES = {
                    "2 vLLM CPU workers (SmolLM2-135M-Instruct\nfp32, 96 KV blocks of 32 tokens each: 3,072 tokens "
                    "a worker, vLLM's KV events to kvgate)"),
     "sim": Engine("sim-fleet-seeds", Path("results/sim-fleet-seeds"),
-                  ["bench", "fleet", "--engine", "sim", "--worker-arg=--block-size=32", *RUN], "1,2,3,4,5,6,7,8",
+                  ["bench", "fleet", "--engine", "sim", "--worker-arg=--block-size=32", *RUN], SIM_SEEDS,
                   "a sim fleet short of cache",
                   "2 `sim` workers (timed as vLLM serves Llama-3.1-8B on an H100:\na request in ~0.2 s where the "
                   "CPU workers take seconds; 96 KV blocks of 32 tokens each: 3,072 tokens a worker, KV events\n"
@@ -161,7 +166,7 @@ Raw figures and each seed's report: `{engine.out}/seed-<S>/`."""
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=ENGINES, default="vllm", help="the workers (default: vllm)")
-    parser.add_argument("--seeds", help="comma-separated workload seeds (default: vllm 1,2,3; sim 1 to 8)")
+    parser.add_argument("--seeds", help="comma-separated workload seeds (default: vllm 1,2,3; sim 1 to 40)")
     parser.add_argument("--no-doc", action="store_true", help="leave docs/benchmarks.md alone")
     parser.add_argument("--doc-only", action="store_true",
                         help="rewrite the section from the last run's result.json, running nothing")
