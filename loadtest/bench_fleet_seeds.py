@@ -47,8 +47,9 @@ RUN = ["--workers", "2", "--num-blocks", "96", "--policies", "kv_aware",
        "--param", "tenant_zipf=1.1", "--concurrency", "8", "--duration-s", "900"]
 
 
-# a seed swings a router by 3-5 points, and two 16-seed runs of the same build differed by 1.4 points of the
-# mean: 40 seeds (~10 minutes on 2 cores) are what separate routers a point apart
+# a seed swings a router by 3-5 points: two 16-seed runs of one build differed by 1.4 points of the mean, two
+# 40-seed runs (~10 minutes each on 2 cores) by 1.1 for kv_aware (its choices follow the timing) and 0.2 for
+# sglang-router
 SIM_SEEDS = ",".join(str(seed) for seed in range(1, 41))
 
 
