@@ -129,6 +129,17 @@ def verdicts(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, bool]]:
     ]
 
 
+def paired_gap(rows: list[dict[str, Any]]) -> str:
+    """kvgate kv_aware less sglang-router cache_aware, seed by seed (both served the seed's requests):
+    the mean and two standard errors of it, so a gap the seeds' spread can explain reads as such."""
+    gaps = [row["kv_aware"] - row["sglang"] for row in rows]
+    if len(gaps) < 2:
+        return ""
+    spread = 2 * statistics.stdev(gaps) / len(gaps) ** 0.5
+    return (f"Seed by seed, kvgate kv_aware less sglang-router cache_aware: {statistics.fmean(gaps):+.3f} "
+            f"+- {spread:.3f} (the mean over the seeds, two standard errors of it; {len(gaps)} seeds).\n\n")
+
+
 def markdown(result: dict[str, Any]) -> str:
     rows, engine = result["seeds"], ENGINES[result.get("engine", "vllm")]
     table = "\n".join(
@@ -157,7 +168,7 @@ requests. Errors: requests that failed (kvgate / sglang-router; a refusal is a 5
 {table}
 | mean | {means} | | |
 
-{speeds}| target (issue #17) | value | target | result |
+{paired_gap(rows)}{speeds}| target (issue #17) | value | target | result |
 |---|---|---|---|
 {targets}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.bench_fleet_seeds import ENGINES, FLEET, markdown, seed_figures, verdicts
+from loadtest.bench_fleet_seeds import ENGINES, FLEET, markdown, paired_gap, seed_figures, verdicts
 
 
 def _result(path: Path, hit_rate: float, errors: int = 0, prediction: float | None = None) -> None:
@@ -77,3 +77,11 @@ def test_the_section_gives_each_routers_mean_ttft_and_throughput_when_the_run_re
     assert "| sglang-router cache_aware | 50 | 100 | 43.00 |" in markdown(result)
     assert "| kvgate kv_aware | 30 | 80 | 40.00 |" in markdown(result)
     assert "TTFT p50" not in markdown({**result, "seeds": [_row(1, 0.9, 0.8, 0.7)]})
+
+
+def test_the_section_gives_the_seed_by_seed_gap_between_the_routers_with_its_spread() -> None:
+    rows = [_row(1, 0.80, 0.84, 0.7), _row(2, 0.90, 0.84, 0.7), _row(3, 0.82, 0.84, 0.7)]  # gaps -0.04, +0.06, -0.02
+    assert "less sglang-router cache_aware: +0.000 +- 0.061 (" in paired_gap(rows)  # stdev 0.0529 / sqrt(3) x 2
+    assert "+0.000 +- 0.061" in markdown({"command": "c", "fleet_command": "f", "machine": "m", "date": "d",
+                                          "seeds": rows})
+    assert paired_gap(rows[:1]) == ""
