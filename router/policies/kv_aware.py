@@ -19,6 +19,7 @@ class KvAwareParams:
     session_slack: float = 1.0
     recompute_weight: float = 1.0
     home_weight: float = 1.0
+    evicted_home_weight: float = 10.0
     placement_slack: float = 1.0
     hot_min_requests: int = 8
     pool_prefill_rate: bool = True
@@ -36,6 +37,7 @@ class KvAwareParams:
         check_number("session_slack", self.session_slack, minimum=0)
         check_number("recompute_weight", self.recompute_weight, minimum=0)
         check_number("home_weight", self.home_weight, minimum=0)
+        check_number("evicted_home_weight", self.evicted_home_weight, minimum=0)
         check_number("placement_slack", self.placement_slack, minimum=0)
         check_number("hot_min_requests", self.hot_min_requests, minimum=1, integer=True)
         if not isinstance(self.pool_prefill_rate, bool):
@@ -53,7 +55,8 @@ class KvAwareParams:
 class KvAware:
     """score_s = (prefill_tokens_queued + uncached_tokens) / prefill_tokens_per_s
                + recompute_weight * uncached_tokens / prefill_tokens_per_s
-               + home_weight * uncached_tokens / prefill_tokens_per_s   (not the prompt's home)
+               + home_weight * uncached_tokens / prefill_tokens_per_s   (not the prompt's home; where no
+                 candidate holds any of the prompt, evicted_home_weight instead)
                + kv_pressure_penalty_s * min(1, max(0, new_blocks - free_blocks) / new_blocks)
                + queue_penalty_s * waiting_requests + decode_penalty_s * decode_seqs_running
 
@@ -66,7 +69,11 @@ class KvAware:
     prompt sharing it went to last (router/placements.py: remembered after the caches and the
     index have forgotten it), when the home is a candidate: without it, a prefix evicted everywhere
     would be placed by load alone, and over time each worker's cache would hold copies of every
-    warm prefix, which a fleet whose caches cannot hold them all pays for in evictions.
+    warm prefix, which a fleet whose caches cannot hold them all pays for in evictions. A prefix
+    evicted everywhere is held home the hardest (evicted_home_weight): nothing cached anywhere favours
+    another worker, and where it lands now decides which cache holds it, and what it evicts, for its
+    next prompts; a queue is gone in a few requests' time. The default sends it home unless the queue
+    there is longer by about ten times its prefill (the hot-spot guard still spreads a hot worker's).
     The fourth charges a request whose blocks do not fit: new_blocks = its uncached prompt in
     blocks plus one for its output; free_blocks = what the worker can allocate without waiting
     (WorkerView.free_blocks: capacity less the blocks its running requests hold, by the scraped
@@ -161,10 +168,11 @@ class KvAware:
         prompt_tokens = req.num_prompt_tokens or 0
         kv_pressure_penalty_s = p.kv_pressure_penalty_s
         recompute_weight, predicted_weight = p.recompute_weight, p.predicted_weight
-        home = req.home_worker if p.home_weight else None
+        home = req.home_worker if p.home_weight or p.evicted_home_weight else None
         if home is not None and not any(worker.worker_id == home for worker in workers):
             home = None  # gone, failed or out of rotation: no candidate is favoured
-        away_weight = recompute_weight + p.home_weight
+        away_weight = recompute_weight + (p.home_weight if home is None or _held_anywhere(workers, predicted_weight)
+                                          else p.evicted_home_weight)
         queue_penalty_s, decode_penalty_s = p.queue_penalty_s, p.decode_penalty_s
         shared_rate = statistics.median([w.load.prefill_tokens_per_s for w in workers]) if p.pool_prefill_rate else None
         scores: list[float] = []
@@ -229,6 +237,11 @@ class KvAware:
         a, b = self._rng.sample(tied, 2)
         winner = b if loads[b] < loads[a] else a
         return [winner, *(i for i in order if i != winner)]
+
+
+def _held_anywhere(workers: Sequence[WorkerView], predicted_weight: float) -> bool:
+    """Whether some candidate holds, or is predicted to hold, a block of the prompt (as _scores counts it)."""
+    return any(view.confirmed_blocks or int(predicted_weight * view.predicted_blocks) for view in workers)
 
 
 def _rank(scores: list[float], hot: list[bool]) -> list[int]:

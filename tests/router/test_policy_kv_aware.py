@@ -165,15 +165,31 @@ def test_session_exemption_needs_the_history_to_live_only_on_hot_workers() -> No
 
 @pytest.mark.parametrize(
     ("home", "params", "queued_at_home", "expected_first"),
-    [("b", {}, 800, "b"), ("b", {"home_weight": 0.0}, 800, "a"), ("b", {}, 3000, "a"), ("gone", {}, 800, "a")],
-    ids=["evicted-prefix-goes-home", "no-home-weight-goes-by-load", "a-long-queue-at-home-outweighs-it",
-         "a-home-that-is-no-candidate-is-ignored"],
+    [("b", {}, 3000, "b"), ("b", {"evicted_home_weight": 1.0}, 3000, "a"),
+     ("b", {"home_weight": 0.0, "evicted_home_weight": 0.0}, 800, "a"), ("b", {}, 12000, "a"), ("gone", {}, 800, "a")],
+    ids=["evicted-prefix-goes-home", "a-weaker-evicted-home-gives-way-to-the-queue", "no-home-weights-go-by-load",
+         "a-long-queue-at-home-outweighs-it", "a-home-that-is-no-candidate-is-ignored"],
 )
 def test_a_prefix_cached_nowhere_goes_back_to_its_home(home, params, queued_at_home, expected_first) -> None:
     """The prefix was evicted everywhere: load alone would pick a; its home b keeps it unless the
-    queue there costs more than moving it (home_weight x its prefill)."""
+    queue there costs more than moving it (evicted_home_weight, 10 by default, x its prefill: 1,024
+    tokens; 3,000 queued is less, 12,000 more)."""
     table = [view("a"), view("b", queued=queued_at_home)]
     decision = KvAware(KvAwareParams(**params), rng=random.Random(0)).choose(request(PROMPT, home_worker=home), table)
+    assert decision.worker_id == expected_first
+
+
+@pytest.mark.parametrize(
+    ("params", "queued_at_home", "expected_first"),
+    [({}, 600, "b"), ({}, 3000, "a"), ({"evicted_home_weight": 0.0}, 600, "b"), ({"home_weight": 0.0}, 600, "a")],
+    ids=["home-kept-against-a-short-queue", "home_weight-not-evicted_home_weight-applies",
+         "evicted_home_weight-plays-no-part", "no-home-weight-goes-by-score"],
+)
+def test_a_prefix_held_somewhere_goes_home_by_home_weight(params, queued_at_home, expected_first) -> None:
+    """a holds 4 blocks of the prompt (64 tokens), so the prefix is not evicted everywhere: its home b
+    is charged home_weight (1) x the prefill, not evicted_home_weight."""
+    table = [view("a", confirmed=4), view("b", queued=queued_at_home)]
+    decision = KvAware(KvAwareParams(**params), rng=random.Random(0)).choose(request(PROMPT, home_worker="b"), table)
     assert decision.worker_id == expected_first
 
 
