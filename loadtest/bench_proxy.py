@@ -39,6 +39,7 @@ from loadtest.balancer import nginx_head
 from loadtest.bench_gateway import API_KEY, MODEL, cpu_placement, gateway_config
 from loadtest.benchdoc import machine_description, replace_section
 from loadtest.procs import ChildProcess, free_port, process_cpu_s, tree_cpu_s
+from loadtest.proxy_floor import UPSTREAM_ENV
 from loadtest.sse import StreamReader
 
 SECTION = "proxy-peers"
@@ -53,7 +54,7 @@ ECHO_MODULE = Path("/usr/lib/nginx/modules/ngx_http_echo_module.so")
 PATH = "/v1/chat/completions"
 PROMPT = "Say hello to the benchmark in a few words."
 NUM_CHUNKS = 4
-DIRECT, KVGATE, SGLANG, LITELLM = "direct", "kvgate", "sglang-router", "litellm"
+DIRECT, KVGATE, FLOOR, SGLANG, LITELLM = "direct", "kvgate", "python floor", "sglang-router", "litellm"
 MODES = ("non-streaming", "streaming")
 CONNECTIONS = (1, 32)
 NUM_ROUNDS = 2
@@ -218,6 +219,16 @@ def start_kvgate(port: int, upstream_port: int, tmp_dir: Path, cpus: set[int] | 
                         env={"KVGATE_API_KEY": API_KEY})
 
 
+def start_floor(port: int, upstream_port: int, tmp_dir: Path, cpus: set[int] | None) -> ChildProcess:
+    """The floor of a proxy on kvgate's HTTP stack (loadtest/proxy_floor.py): uvicorn as kvgate runs it,
+    kvgate's upstream client, and nothing else."""
+    argv = [*_pin(cpus), sys.executable, "-m", "uvicorn", "--factory", "loadtest.proxy_floor:create_app",
+            "--host", "127.0.0.1", "--port", str(port), "--loop", "uvloop", "--http", "httptools",
+            "--no-access-log", "--log-level", "warning"]
+    return ChildProcess(FLOOR, argv, tmp_dir / "floor.log", f"http://127.0.0.1:{port}/health",
+                        env={UPSTREAM_ENV: f"http://127.0.0.1:{upstream_port}", "PYTHONPATH": str(ROOT)})
+
+
 def sglang_argv(port: int, upstream_port: int, prometheus_port: int) -> list[str]:
     """SGLang's router as PEERS.md runs it, round robin, no health checks (a fake upstream), and no
     per-request log lines (kvgate writes none either)."""
@@ -246,7 +257,7 @@ def start_litellm(port: int, upstream_port: int, tmp_dir: Path, cpus: set[int] |
     return ChildProcess(LITELLM, argv, tmp_dir / "litellm.log", f"http://127.0.0.1:{port}/health/liveliness", env=env)
 
 
-STARTERS = {KVGATE: start_kvgate, SGLANG: start_sglang, LITELLM: start_litellm}
+STARTERS = {KVGATE: start_kvgate, FLOOR: start_floor, SGLANG: start_sglang, LITELLM: start_litellm}
 
 
 def check_answers(name: str, port: int) -> None:
@@ -447,6 +458,9 @@ def markdown(result: dict[str, Any]) -> str:
     measured = {proxy for cells in result["figures"].values() for cell in cells.values() for proxy in cell}
     litellm = (f" LiteLLM {v['litellm']} (`litellm --num_workers 1`, no master key, no access log),"
                if LITELLM in measured else "")
+    floor = (" the floor of a proxy built the same way (\"python floor\", `loadtest/proxy_floor.py`: uvicorn as kvgate "
+             "runs it and kvgate's upstream client passing each request on and its answer back, and nothing else: no "
+             "auth, parsing, admission, routing or metrics)," if FLOOR in measured else "")
     return f"""## Proxy overhead beside SGLang's router
 
 Command: `{result['command']}`
@@ -459,7 +473,7 @@ JSON for `"stream": false`, SSE ({NUM_CHUNKS} content chunks, a usage chunk, `da
 `"stream": true` (nginx reads the body and picks the answer with a `map` on it). In front of it, each on CPU
 {_cpus(s['cpus']['proxy'])} alone: kvgate's gateway (`python -m kvgate gateway`, one uvicorn process, kv_aware routing
 with `tokenizer: null`, no request log lines (`logging.requests: false`: the peers write none); it always asks
-its worker for a stream, also for a non-streaming client), SGLang's router {v['sglang-router']}
+its worker for a stream, also for a non-streaming client),{floor} SGLang's router {v['sglang-router']}
 (`--policy round_robin --disable-health-check --log-level warn`),{litellm} and no proxy ("direct"). nginx and {v['wrk']} (one thread, keep-alive connections, a fixed chat request) share CPU(s)
 {_cpus(s['cpus']['upstream_and_load'])}. Every cell runs each proxy in turn for {s['duration_s']:g} s after a
 {s['warmup_s']:g} s warm-up; {s['rounds']} rounds, the order mirrored in the second; figures are medians over
@@ -476,7 +490,7 @@ Other work on the machine during the measured runs (busy CPU time not spent by t
 |---|---|---|---|
 {_verdict_rows(result['verdict'])}
 
-{_stall_note(result['figures'])}Raw figures: `results/bench_proxy.json`.
+{_floor_note(result['figures'])}{_stall_note(result['figures'])}Raw figures: `results/bench_proxy.json`.
 """
 
 
@@ -484,6 +498,24 @@ def _shared_note(runs: list[dict[str, Any]]) -> str:
     shared = [f"{r['proxy']} {r['mode']} c={r['connections']} round {r['round']}" for r in runs
               if r["foreign_cores"] > SHARED_CORES]
     return f" (above {SHARED_CORES:g}: {', '.join(shared)})" if shared else f" (none above {SHARED_CORES:g})"
+
+
+def _floor_note(figures: dict[str, Any]) -> str:
+    """Lines splitting kvgate's CPU per request at 32 connections into the floor's (the HTTP stack) and
+    the rest (its own per-request work), when the floor was measured."""
+    lines = []
+    for mode in MODES:
+        cell = figures[mode][str(CONNECTIONS[-1])]
+        if FLOOR not in cell:
+            return ""
+        kvgate, floor = cell[KVGATE]["cpu_ms_per_request"], cell[FLOOR]["cpu_ms_per_request"]
+        if not kvgate or not floor:
+            return ""
+        lines.append(f"{mode}: kvgate {kvgate:.3f} ms of CPU a request, the floor {floor:.3f} ms "
+                     f"({cell[FLOOR]['requests_per_s'] / cell[SGLANG]['requests_per_s']:.2f}x sglang-router's req/s): "
+                     f"{kvgate - floor:.3f} ms ({(kvgate - floor) / kvgate:.0%}) is kvgate's own work")
+    return ("At " + str(CONNECTIONS[-1]) + " connections, what the HTTP stack costs and what kvgate does on it:\n"
+            + "".join(f"- {line}.\n" for line in lines) + "\n")
 
 
 def _stall_note(figures: dict[str, Any]) -> str:
@@ -520,7 +552,7 @@ def main() -> None:
             path.write_text(wrk_script(mode == "streaming"))
         nginx_port = free_port()
         nginx = _healthy(stack, start_nginx(nginx_port, tmp_dir, load_cpus))
-        names = [KVGATE, SGLANG] + ([LITELLM] if LITELLM_VENV.exists() and not args.no_litellm else [])
+        names = [KVGATE, FLOOR, SGLANG] + ([LITELLM] if LITELLM_VENV.exists() and not args.no_litellm else [])
         targets = start_proxies(stack, names, nginx_port, tmp_dir, proxy_cpus)
         for name, (port, _) in targets.items():
             check_answers(name, port)

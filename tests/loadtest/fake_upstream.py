@@ -74,9 +74,9 @@ def _event(payload: dict) -> bytes:
 
 
 @contextmanager
-def serve_in_thread(app, port: int) -> Iterator[str]:
+def serve_in_thread(app, port: int, lifespan: str = "off") -> Iterator[str]:
     """Serve app on 127.0.0.1:port until the block ends; yields the base URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.bench_proxy import (CONNECTIONS, DIRECT, KVGATE, LITELLM, MODES, NUM_CHUNKS, SGLANG, _nginx_string,
+from loadtest.bench_proxy import (CONNECTIONS, DIRECT, FLOOR, KVGATE, LITELLM, MODES, NUM_CHUNKS, SGLANG, _nginx_string,
                                   answer_body, answer_text, interference, markdown, nginx_conf, parse_wrk,
                                   request_body, summarise, verdict, wrk_argv, wrk_script)
 from loadtest.sse import StreamReader
@@ -202,6 +202,23 @@ def test_litellm_when_measured_is_reported_in_every_cell_but_not_judged():
     assert "LiteLLM 1.108.7" in text and "LiteLLM" not in markdown(_result(summarise(_runs())))
     assert len(re.findall(r"^\| (non-streaming|streaming) \| \d+ \| litellm \|", text, re.MULTILINE)) == 4
     assert verdict(figures) == verdict(summarise(_runs()))
+
+
+def test_the_floor_when_measured_splits_kvgates_cpu_per_request_into_the_stack_and_its_own_work():
+    rps, latency_ms = {**RPS, FLOOR: 32000.0}, {**LATENCY_MS, FLOOR: (0.12, 0.4)}
+    runs = [dict(r, proxy_cpu_s=2.4) if r["proxy"] == FLOOR else r
+            for r in _runs(rps, latency_ms, proxies=(DIRECT, KVGATE, FLOOR, SGLANG))]
+    figures = summarise(runs)
+
+    text = markdown(_result(figures))
+
+    # kvgate: 9.5 s of CPU over 90,000 requests; the floor: 2.4 s over 320,000; req/s: medians 30,400 vs 15,200
+    assert ("- non-streaming: kvgate 0.106 ms of CPU a request, the floor 0.007 ms (2.00x sglang-router's req/s): "
+            "0.098 ms (93%) is kvgate's own work.") in text
+    assert '"python floor", `loadtest/proxy_floor.py`' in text
+    assert verdict(figures) == verdict(summarise(_runs()))  # reported, not judged
+    plain = markdown(_result(summarise(_runs())))
+    assert "python floor" not in plain and "kvgate's own work" not in plain
 
 
 def test_other_work_on_the_machine_is_reported_as_its_median_and_worst_run():
