@@ -39,12 +39,19 @@ def gpu_description() -> str | None:
     return out.stdout.strip() or None
 
 
+# a flag that only says where a run's figures are written: a section's command shows how they were measured
+_DOC_ONLY_FLAGS = re.compile(r"(?<=\S) --no-doc(?=[ `])")
+
+
 def replace_section(name: str, markdown: str, doc_path: Path = DOC_PATH) -> None:
-    """Replace (or append) the section between the bench:NAME markers with markdown."""
+    """Replace (or append) the section between the bench:NAME markers with markdown (its `Command:`
+    lines without --no-doc: the command that reproduces the figures, docs included)."""
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ValueError("benchmark section names are letters, digits, '.', '_' or '-'")
     start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
-    body = f"{start}\n{markdown.strip()}\n{end}"
+    markdown = "\n".join(_DOC_ONLY_FLAGS.sub("", line) if "Command: `" in line else line
+                         for line in markdown.strip().splitlines())
+    body = f"{start}\n{markdown}\n{end}"
     text = doc_path.read_text() if doc_path.exists() else "# Benchmarks\n"
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.DOTALL)
     if pattern.search(text):
