@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Collection, Mapping, Sequence
@@ -28,6 +29,7 @@ class ChildProcess:
         self.name, self.argv, self.log_path, self.health_url = name, list(argv), log_path, health_url
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = log_path.open("ab")
+        exit_on_sigterm()
         pin = None if cpus is None else (lambda: os.sched_setaffinity(0, set(cpus)))
         self.popen = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       start_new_session=True, env={**os.environ, **(env or {})}, preexec_fn=pin)
@@ -69,6 +71,15 @@ class ChildProcess:
     def log_tail(self, num_lines: int = 20) -> str:
         self._log.flush()
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM end this run as Ctrl-C does (KeyboardInterrupt), so the with-blocks and exit stacks
+    that own its children unwind and stop them: each child runs in its own session, out of reach of a
+    signal to this process (`timeout`, a CI cancel, `kill`), and SIGTERM's default would leave them all
+    running. Installed from the main thread, and only over the default (a handler someone set is kept)."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def wait_healthy(url: str | None, popen: subprocess.Popen, timeout_s: float, *, name: str | None = None,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +41,39 @@ def test_a_child_that_never_answers_times_out():
     finally:
         child.kill()
         child.wait()
+
+
+_OWNER = """
+import sys, time
+from pathlib import Path
+from loadtest.procs import ChildProcess
+child = ChildProcess("sleeper", [sys.executable, "-c", "import time; time.sleep(120)"], Path(sys.argv[1]))
+try:
+    print(child.popen.pid, flush=True)
+    time.sleep(120)
+finally:
+    child.stop()
+"""
+
+
+def test_a_run_ended_by_sigterm_stops_the_children_it_started(tmp_path):
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, str(tmp_path / "sleeper.log")], stdout=subprocess.PIPE,
+                             text=True)
+    with owner.stdout:
+        child_pid = int(owner.stdout.readline())
+
+    owner.terminate()
+
+    assert owner.wait(30) != 0
+    deadline = time.monotonic() + 10
+    while _running(child_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(child_pid)  # its own session: only the owner's unwinding could stop it
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
