@@ -1,6 +1,7 @@
 """Proxy overhead side by side, in one run: kvgate's gateway, SGLang's Rust router (LiteLLM too when
-installed) and no proxy at all in front of a fixed-response nginx, loaded by wrk; requests/s on one core
-and the latency each adds to direct.
+installed), the floor of a Python proxy on kvgate's HTTP stack (loadtest/proxy_floor.py: what kvgate's
+own per-request work adds is kvgate less the floor) and no proxy at all in front of a fixed-response
+nginx, loaded by wrk; requests/s on one core and the latency each adds to direct.
 
 The upstream is nginx (`worker_processes 1`, no daemon, a temp config) answering POST
 /v1/chat/completions and /v1/completions with a fixed OpenAI-style answer: JSON when the request body
