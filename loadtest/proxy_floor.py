@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 
+from gateway.request_body import read_body
 from gateway.upstream_http import UpstreamClient
 
 UPSTREAM_ENV = "PROXY_FLOOR_UPSTREAM"
@@ -35,7 +36,7 @@ class ProxyFloor:
         if scope["method"] == "GET" and scope["path"] == "/health":
             await _answer(send, 200, b'{"status":"ok"}')
             return
-        body = await _read_body(receive)
+        body = await read_body(receive)
         headers = {"x-request-id": "floor"}
         try:
             response = await self.client.post_stream(self.upstream + scope["path"], body, headers, _TIMEOUT_S, _TIMEOUT_S)
@@ -50,15 +51,6 @@ class ProxyFloor:
             await send({"type": "http.response.body", "body": b""})
         finally:
             await response.aclose()
-
-
-async def _read_body(receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(chunks)
 
 
 async def _answer(send, status: int, body: bytes) -> None:
