@@ -1,6 +1,7 @@
 """A request's one disconnect watcher (gateway/client_watch.py): a client that goes away cancels what its
-request awaits, in any phase, and nothing once the answer is out; and, through a completion endpoint
-in process, one watcher per request still cancels the upstream request at once and counts a 499."""
+request awaits, in any phase, and nothing once the answer is out; a request over before the watcher's delay
+starts no task; and, through a completion endpoint in process, one watcher per request still cancels the
+upstream request at once and counts a 499."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def test_work_that_ends_first_gives_its_result_and_a_later_disconnect_cancels_no
             await asyncio.sleep(0)
             return "answer"
 
-        watch = ClientWatch(client.receive)
+        watch = ClientWatch(client.receive, after_s=0)
         result = await watch.run(work())
         client.leave()
         await asyncio.sleep(0.01)  # the watcher sees the disconnect between runs
@@ -82,6 +83,38 @@ def test_work_that_ends_first_gives_its_result_and_a_later_disconnect_cancels_no
         return (result, after), watch.gone
 
     assert asyncio.run(scenario()) == (("answer", None), True)
+
+
+def test_a_request_over_before_the_delay_starts_no_watcher_task():
+    async def scenario() -> int:
+        client = Client()
+        await client.receive()
+        tasks_before = len(asyncio.all_tasks())
+        watch = ClientWatch(client.receive, after_s=0.05)
+        await watch.run(asyncio.sleep(0))
+        tasks_during = len(asyncio.all_tasks()) - tasks_before
+        watch.stop()
+        await asyncio.sleep(0.1)  # past the delay: the stopped watch starts nothing
+        return tasks_during + len(asyncio.all_tasks()) - tasks_before
+
+    assert asyncio.run(scenario()) == 0
+
+
+def test_a_client_gone_within_the_delay_is_noticed_once_it_ends():
+    async def scenario() -> tuple[object, float]:
+        client = Client()
+        await client.receive()
+        loop = asyncio.get_running_loop()
+        watch = ClientWatch(client.receive, after_s=0.05)
+        client.leave()  # at once: noticed when the watcher starts, 0.05 s later
+        started = loop.time()
+        result = await watch.run(asyncio.sleep(10))
+        watch.stop()
+        return result, loop.time() - started
+
+    result, waited_s = asyncio.run(scenario())
+    assert result is None
+    assert 0.04 <= waited_s < 1.0
 
 
 def test_a_cancellation_from_elsewhere_is_not_taken_for_a_client_gone():

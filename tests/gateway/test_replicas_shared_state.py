@@ -13,6 +13,7 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
+from gateway.client_watch import WATCH_AFTER_S
 from tests.gateway.conftest import API_KEY, MODEL, gateway_config, metric_value, start_gateway, worker_entry
 from tests.processes import Process, fake_worker_process, running
 
@@ -199,7 +200,9 @@ def test_a_replica_counts_the_requests_other_replicas_have_in_flight_at_each_wor
         def probe() -> str:
             with client.stream("POST", f"{second.url}/v1/completions", json=body,
                                headers={"Authorization": f"Bearer {API_KEY}"}) as response:
-                return response.headers["x-kvgate-worker"]
+                worker = response.headers["x-kvgate-worker"]
+            time.sleep(2 * WATCH_AFTER_S)  # the probe's departure noticed: it no longer counts as in flight
+            return worker
 
         idle_choice = probe()
         held = []
