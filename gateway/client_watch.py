@@ -16,7 +16,7 @@ from starlette.types import Receive
 
 T = TypeVar("T")
 
-# a task per request costs ~10% of the gateway's CPU on short answers; a disconnect noticed this much later
+# a task per request cost 11-15% of the gateway's CPU on short answers (loadtest/bench_proxy.py); a disconnect noticed this much later
 # costs at most this much of a worker's time
 WATCH_AFTER_S = 0.05
 
@@ -28,20 +28,18 @@ class ClientWatch:
     runs a disconnect cancels nothing. stop() once the response is complete (uvicorn's receive answers
     http.disconnect after the last body message too)."""
 
-    __slots__ = ("gone", "_armed", "_task", "_receive", "_timer", "_watcher")
+    __slots__ = ("gone", "_armed", "_task", "_timer", "_watcher")
 
     def __init__(self, receive: Receive, after_s: float = WATCH_AFTER_S) -> None:
         self.gone = False
         self._armed = False
         self._task = asyncio.current_task()
-        self._receive = receive
         self._watcher: asyncio.Task | None = None
-        loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
         if after_s > 0:
-            self._timer = loop.call_later(after_s, self._start)
+            self._timer = asyncio.get_running_loop().call_later(after_s, self._start, receive)
         else:
-            self._start()
+            self._start(receive)
 
     async def run(self, work: Awaitable[T]) -> T | None:
         """work's result; None if the client is gone before it ends (work, a coroutine, is then
@@ -68,9 +66,9 @@ class ClientWatch:
         if self._watcher is not None:
             self._watcher.cancel()
 
-    def _start(self) -> None:
+    def _start(self, receive: Receive) -> None:
         self._timer = None
-        self._watcher = asyncio.get_running_loop().create_task(self._watch(self._receive))
+        self._watcher = asyncio.get_running_loop().create_task(self._watch(receive))
 
     async def _watch(self, receive: Receive) -> None:
         try:
