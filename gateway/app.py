@@ -24,8 +24,8 @@ from kvgate.api_error import ApiError
 def build_middleware(core: GatewayCore, keys: KeyStore, completions: dict[str, ProxyEndpoint]) -> list[Middleware]:
     """Outermost first, each refusing before the next does any work: header limits (before anything
     reads a header), request id + trace context + the request's log line, auth (HTTP and WebSocket alike), body limits (only a
-    known client's body is read); then the completion endpoints, reached without Starlette's router
-    (every other path goes on to it). Admission is the completion endpoint's first step, once the
+    known client's body is read); then the completion endpoints (every other path goes on to
+    Starlette's router). Admission is the completion endpoint's first step, once the
     body says which pool a request is for (gateway/proxy.py: parse -> admit -> route -> proxy)."""
     return [
         Middleware(HeaderLimitsMiddleware, limits=core.config.limits),
@@ -39,8 +39,7 @@ def build_middleware(core: GatewayCore, keys: KeyStore, completions: dict[str, P
 class CompletionPaths:
     """POST /v1/chat/completions and /v1/completions straight to their ASGI endpoints: the path
     every completion takes skips the router's route matching and its exception wrapper (the
-    endpoints answer their own errors; Starlette's outermost ServerErrorMiddleware still turns
-    anything unexpected into a 500). Other methods on these paths reach the router (405)."""
+    endpoints answer their own errors). Other methods on these paths reach the router (405)."""
 
     def __init__(self, app: ASGIApp, endpoints: dict[str, ASGIApp]) -> None:
         self.app = app
@@ -63,7 +62,7 @@ def completion_endpoints(core: GatewayCore) -> dict[str, ProxyEndpoint]:
             for path in KINDS}
 
 
-def build_app(core: GatewayCore, keys: KeyStore | None = None, *, freeze_gc: bool = False) -> Starlette:
+def build_app(core: GatewayCore, keys: KeyStore | None = None, *, freeze_gc: bool = False) -> GatewayApp:
     """freeze_gc: after startup, move every object alive then out of the collector's reach (for a
     server process; tests leave it off so their objects stay collectable)."""
     keys = keys or core.keys
@@ -89,10 +88,31 @@ def build_app(core: GatewayCore, keys: KeyStore | None = None, *, freeze_gc: boo
         finally:
             await core.stop()
 
-    app = Starlette(routes=routes, middleware=build_middleware(core, keys, completions), lifespan=lifespan,
-                    exception_handlers={HTTPException: _http_error})
-    app.router.redirect_slashes = False  # /v1/completions/ is a 404, not a redirect clients would have to follow
-    return app
+    starlette = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+    starlette.router.redirect_slashes = False  # /v1/completions/ is a 404, not a redirect clients would have to follow
+    return GatewayApp(build_middleware(core, keys, completions), starlette)
+
+
+class GatewayApp:
+    """The ASGI app the server runs: every HTTP request and WebSocket through the gateway's own
+    middleware (build_middleware, outermost first), then to a completion endpoint or, on any other
+    path, to `starlette` (its router, its error pages for the other routes, and the lifespan). A
+    completion does not pass through Starlette at all: the endpoints answer their own errors, and an
+    exception that escapes the middleware is the server's 500, as Starlette's outermost layer would
+    have answered it."""
+
+    def __init__(self, middleware: list[Middleware], starlette: Starlette) -> None:
+        self.starlette = starlette
+        app: ASGIApp = starlette
+        for layer in reversed(middleware):
+            app = layer.cls(app, *layer.args, **layer.kwargs)
+        self._middleware = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.starlette(scope, receive, send)
+        else:
+            await self._middleware(scope, receive, send)
 
 
 def freeze_startup_objects() -> None:

@@ -31,13 +31,14 @@ class ClientWatch:
     __slots__ = ("gone", "_armed", "_task", "_timer", "_watcher")
 
     def __init__(self, receive: Receive, after_s: float = WATCH_AFTER_S) -> None:
+        loop = asyncio.get_running_loop()
         self.gone = False
         self._armed = False
-        self._task = asyncio.current_task()
+        self._task = asyncio.current_task(loop)
         self._watcher: asyncio.Task | None = None
         self._timer: asyncio.TimerHandle | None = None
         if after_s > 0:
-            self._timer = asyncio.get_running_loop().call_later(after_s, self._start, receive)
+            self._timer = loop.call_later(after_s, self._start, receive)
         else:
             self._start(receive)
 

@@ -11,6 +11,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
 
 from gateway.telemetry import PROBE_PATHS, Telemetry
+from gateway.request_body import body_too_large, read_body
 from kvgate.api_error import ApiError
 from kvgate.config import LimitsConfig
 from kvgate.request_log import request_id as new_or_incoming_id
@@ -133,8 +134,9 @@ class HeaderLimitsMiddleware:
 class BodyLimitsMiddleware:
     """Body size limit (413), checked before any parsing (after auth: only a known client's body is read).
 
-    Bodies are read up to the limit and replayed to the app, so an oversized chunked body is
-    refused as soon as it crosses the limit.
+    A POST, PUT or PATCH body is read here, up to the limit (an oversized chunked body is refused
+    as soon as it crosses it), and handed on in scope['state']['body']: the app inside reads it
+    from there, and its receive() answers only what follows the body (http.disconnect).
     """
 
     def __init__(self, app: ASGIApp, limits: LimitsConfig) -> None:
@@ -145,43 +147,14 @@ class BodyLimitsMiddleware:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
-        body, error = await self._read_body(scope, receive)
-        if error is not None:
+        limit = self.limits.max_body_bytes
+        try:
+            for name, value in scope["headers"]:
+                if name == b"content-length" and value.isdigit() and int(value) > limit:
+                    raise body_too_large(limit)
+            body = await read_body(receive, limit)
+        except ApiError as error:
             await error.response()(scope, receive, send)
             return
-        await self.app(scope, _replay(body, receive), send)
-
-    async def _read_body(self, scope: Scope, receive: Receive) -> tuple[bytes, ApiError | None]:
-        limit = self.limits.max_body_bytes
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > limit:
-                return b"", _too_large(limit)
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return b"", ApiError(400, "client disconnected while sending the body")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                return b"", _too_large(limit)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks), None
-
-
-def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"request body too large (limit {limit} bytes)", code="request_too_large")
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()  # after the body: disconnect notifications
-
-    return replay
+        scope.setdefault("state", {})["body"] = body
+        await self.app(scope, receive, send)

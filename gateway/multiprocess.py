@@ -174,7 +174,7 @@ def serve_process(config: KvgateConfig, tokenizer_dirs: Mapping[str, Path], host
     core = GatewayCore(process_config(config, slot.count), tokenizer_dirs)
     prepare_process(core)
     app = build_app(core, freeze_gc=True)
-    replace_metrics_route(app, AllProcessesMetrics(slot, core.metrics.render).page)
+    replace_metrics_route(app.starlette, AllProcessesMetrics(slot, core.metrics.render).page)
     server = _ProcessServer(server_config(app, host, port), slot, core.metrics.render,
                             f"gateway process {slot.index} of {slot.count} serving on {_url(host, port)}")
     return run_server(server, [sock])

@@ -88,7 +88,9 @@ class ProxyEndpoint:
         metrics.requests_in_flight += 1
         try:
             try:
-                raw = await read_body(receive)
+                raw = state.pop("body", None)  # read by BodyLimitsMiddleware
+                if raw is None:  # reached without it
+                    raw = await read_body(receive)
                 body = await self.offload.run_yielding(len(raw), parse_body, raw, self.kind,
                                                        max_prompt_tokens=self.longest_prompt_tokens)
                 model = body["model"]
@@ -284,23 +286,23 @@ class ProxyEndpoint:
                 await session.end()
                 self._finish(session, tenant)
             return
-        try:
-            result = await watch.run(session.collect(held))
-        except ApiError as error:  # the worker failed mid-answer and no other could continue it
-            session.error_status = error.status
-            self._finish(session, tenant)
-            await error.response()(scope, receive, send)
-            return
+        try:  # the answer goes out first: the client does not wait for the request's accounting
+            try:
+                result = await watch.run(session.collect(held))
+            except ApiError as error:  # the worker failed mid-answer and no other could continue it
+                session.error_status = error.status
+                await error.response()(scope, receive, send)
+                return
+            if result is None:
+                await _client_gone(send)
+                return
+            content = compact_json(result)
+            headers += [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode()),
+                        (b"x-kvgate-failovers", str(session.failovers).encode())]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": content})
         finally:
             self._finish(session, tenant)
-        if result is None:
-            await _client_gone(send)
-            return
-        content = compact_json(result)
-        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode()),
-                    (b"x-kvgate-failovers", str(session.failovers).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": content})
 
     def _finish(self, session: Session, tenant: str) -> None:
         """The request's one terminal record: status (200 if answered, the error it ended with, else

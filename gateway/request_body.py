@@ -12,16 +12,26 @@ from kvgate.api_error import ApiError
 from kvgate.json_body import parse_json_object
 
 
-async def read_body(receive: Receive) -> bytes:
-    """The whole request body (BodyLimitsMiddleware has already bounded its size)."""
-    chunks = []
+async def read_body(receive: Receive, limit: int | None = None) -> bytes:
+    """The whole request body; ApiError 413 as soon as it grows past limit bytes (None: no limit),
+    400 if the client leaves before it ends."""
+    chunks, size = [], 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ApiError(400, "client disconnected while sending the body")
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        if limit is not None:
+            size += len(chunk)
+            if size > limit:
+                raise body_too_large(limit)
         if not message.get("more_body", False):
-            return b"".join(chunks)
+            return b"".join(chunks) + chunk if chunks else chunk
+        chunks.append(chunk)
+
+
+def body_too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body too large (limit {limit} bytes)", code="request_too_large")
 
 
 def parse_body(raw: bytes, kind: str, *, yielding: bool = False,

@@ -42,10 +42,17 @@ def request_lines(output: str) -> list[dict]:
     return lines
 
 
-def line_for(output: str, request_id: str) -> dict:
-    found = [line for line in request_lines(output) if line["request_id"] == request_id]
-    assert len(found) == 1, output[-3000:]
-    return found[0]
+def line_for(gateway, request_id: str, timeout_s: float = 5.0) -> dict:
+    """The request's one log line. It is written once the response has ended, which may be just
+    after the client has read it: wait for it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        output = gateway.output()
+        found = [line for line in request_lines(output) if line["request_id"] == request_id]
+        if found or time.monotonic() > deadline:
+            assert len(found) == 1, output[-3000:]
+            return found[0]
+        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +121,7 @@ def test_request_lines_name_the_trace_the_worker_the_route_and_the_tokens(traced
     gateway, *_ = traced
     response = complete(gateway.url, {"traceparent": PARENT, "x-request-id": "logged-1"})
     assert response.status_code == 200
-    line = line_for(gateway.output(), "logged-1")
+    line = line_for(gateway, "logged-1")
     assert line["source"] == "gateway" and line["status"] == 200 and line["outcome"] == "answered"
     assert line["trace_id"] == TRACE_ID
     assert line["tenant"] == "dev" and line["pool"] == "default" and line["model"] == MODEL
@@ -141,13 +148,12 @@ def test_every_answer_and_refusal_has_its_line(untraced):
     invalid = httpx.post(f"{gateway.url}/v1/completions", json={"prompt": "no model"},
                          headers={"Authorization": f"Bearer {API_KEY}", "x-request-id": "bad-1"})
     assert (ok.status_code, unauthorized.status_code, invalid.status_code) == (200, 401, 400)
-    output = gateway.output()
-    answered = line_for(output, "ok-1")
+    answered = line_for(gateway, "ok-1")
     assert answered["status"] == 200 and answered["policy"] == "kv_aware"
     assert answered["route_reason"].startswith("w0(cached_blocks=")  # why the worker ranked first
-    refused = line_for(output, "no-key-1")
+    refused = line_for(gateway, "no-key-1")
     assert (refused["status"], refused["tenant"], refused["outcome"]) == (401, "unauthenticated", "invalid_api_key")
-    bad = line_for(output, "bad-1")
+    bad = line_for(gateway, "bad-1")
     assert bad["status"] == 400 and bad["tenant"] == "dev" and "model" in bad["error"]
     httpx.get(f"{gateway.url}/metrics")
     assert all(line["path"] != "/metrics" for line in request_lines(gateway.output()))  # nor probes
@@ -158,13 +164,13 @@ def test_tracing_off_still_names_the_callers_trace_and_passes_it_on(untraced):
     response = complete(gateway.url, {"traceparent": PARENT, "x-request-id": "off-1"})
     assert response.headers["traceparent"] == PARENT
     assert seen[-1]["traceparent"] == PARENT
-    assert line_for(gateway.output(), "off-1")["trace_id"] == TRACE_ID
+    assert line_for(gateway, "off-1")["trace_id"] == TRACE_ID
 
 
 def test_prompt_token_ids_are_logged_when_asked(untraced):
     gateway, _ = untraced
     complete(gateway.url, {"x-request-id": "ids-1"}, prompt=[5, 6, 7])
-    assert line_for(gateway.output(), "ids-1")["prompt_token_ids"] == [5, 6, 7]
+    assert line_for(gateway, "ids-1")["prompt_token_ids"] == [5, 6, 7]
 
 
 def test_metrics_operators_can_window(untraced):
