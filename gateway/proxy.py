@@ -278,15 +278,11 @@ class ProxyEndpoint:
         headers = [(b"x-kvgate-worker", session.tried[-1].encode())]
         if self.debug_header_for(tenant):
             headers.append((b"x-kvgate-route", session.ticket.decision.explain()[:2000].encode("latin-1", "replace")))
-        if session.req.client_stream:
-            try:
+        try:  # the answer goes out first: the client does not wait for the request's accounting
+            if session.req.client_stream:
                 await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + headers})
                 await watch.run(session.stream(held, _body_writer(send)))
-            finally:  # a stream cut short (its client left, or the gateway failed) ends here
-                await session.end()
-                self._finish(session, tenant)
-            return
-        try:  # the answer goes out first: the client does not wait for the request's accounting
+                return
             try:
                 result = await watch.run(session.collect(held))
             except ApiError as error:  # the worker failed mid-answer and no other could continue it
@@ -301,8 +297,10 @@ class ProxyEndpoint:
                         (b"x-kvgate-failovers", str(session.failovers).encode())]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": content})
-        finally:
+        finally:  # however the answer ended (its client left, the gateway failed): recorded before anything
+            # is awaited, so the permit is free by the time the client can send its next request
             self._finish(session, tenant)
+            await session.end()
 
     def _finish(self, session: Session, tenant: str) -> None:
         """The request's one terminal record: status (200 if answered, the error it ended with, else
@@ -318,7 +316,7 @@ class ProxyEndpoint:
         m.child(m.e2e, req.model, req.pool).observe(e2e_s)
         usage = session.accounted_usage() or {}
         self._trace_and_log(session, usage, answered, e2e_s)
-        session.permit.end(queue_delay_s=session.ticket.queue_delay_s, dropped=session.ticket.outcome in _DROPPED,
+        session.permit.end(queue_delay_s=session.ticket.queue_delay_s, dropped=session.end_reason in _DROPPED,
                            usage=usage or None, first_token_at_s=session.first_token_s)
         if usage:
             m.child(m.prompt_tokens, tenant, req.model, req.pool).inc(usage.get("prompt_tokens", 0))
@@ -364,7 +362,8 @@ class ProxyEndpoint:
 
 # what StreamingResponse sent for text/event-stream, in its order
 _SSE_HEADERS = [(b"cache-control", b"no-cache"), (b"content-type", b"text/event-stream; charset=utf-8")]
-_DROPPED = ("upstream_unavailable", "failover_failed")  # ticket outcomes the fleet caused: congestion to the limiter
+# how a request ended when the fleet caused it (a ticket's outcome, a session's end_reason): congestion to the limiter
+_DROPPED = ("upstream_unavailable", "failover_failed")
 
 
 async def _client_gone(send: Send) -> None:

@@ -79,7 +79,8 @@ class Session:
     breakers and slow-worker ejection hear each attempt's outcome), the upstream client and its
     timeouts, the metrics, and the model's tokenizer (None when only an approximate one is known)
     for continuing after a failover; offload encodes a large body off the event loop. The ticket ends exactly once: in
-    start() when no attempt could begin the answer, else at the end of stream() or collect()."""
+    start() when no attempt could begin the answer, else in end(), which the caller runs once the
+    client has its answer from stream() or collect()."""
 
     req: ProxyRequest
     ticket: RouteTicket
@@ -221,44 +222,37 @@ class Session:
 
     async def stream(self, held: list[SseEvent], write: Write) -> None:
         """Send the answer to the client: write(data, more_body) once per upstream read, with the
-        client's events of that read as they came (rewritten after a failover); the last write,
-        after the session has ended, carries the usage, [DONE] and more_body=False."""
+        client's events of that read as they came (rewritten after a failover); the last write
+        carries the usage, [DONE] and more_body=False. end() is the caller's, once the client has it."""
         try:
             last = await self._run(held, write)
         except ApiError as error:  # no worker could continue: end the stream with an error
             self.error_status = error.status
             last = [encode_event(error.body())]
-        finally:
-            await self.end()
         last.append(DONE)
         await write(b"".join(last), False)
 
     async def collect(self, held: list[SseEvent]) -> dict[str, Any]:
-        """Run to the end and build a non-streaming OpenAI response."""
-        try:
-            await self._run(held, None)
-        finally:
-            await self.end()
+        """Run to the end and build a non-streaming OpenAI response (end() is the caller's, once the
+        client has it)."""
+        await self._run(held, None)
         return self._full_response()
 
     async def end(self) -> None:
-        """Close the last attempt and end the ticket, once (stream() and collect() do it; call it
-        for a stream that was never read). A client that went away is no fault of the worker: its
-        attempt records no outcome then."""
+        """End the ticket and close the last attempt, once: after stream() or collect(), however
+        they ended (also for a stream that was never read). A client that went away is no fault of
+        the worker: its attempt records no outcome then."""
         if self.ended:
             return
         self.ended = True
-        answered = self.done or self.finish_reason is not None
+        if self.done or self.finish_reason is not None:
+            self.ticket.finished(self.usage)
+        else:
+            self.ticket.failed(self.end_reason or "client_gone")
         # An attempt still open here was answering (upstream failures fail over, closing theirs): the
         # worker served what it was asked until the answer ended, its client left, or the gateway
         # failed on its own. Its breaker hears a success, so a half-open trial always ends.
-        try:
-            await self._close_attempt(ok=True)
-        finally:  # the ticket ends even if the client's task is cancelled while the answer's rest drains
-            if answered:
-                self.ticket.finished(self.usage)
-            else:
-                self.ticket.failed(self.end_reason or "client_gone")
+        await self._close_attempt(ok=True)
 
     async def _run(self, held: list[SseEvent], write: Write | None) -> list[bytes]:
         """Read the answer to its end, across failovers. With write (a streaming client), each
@@ -465,11 +459,11 @@ class Session:
         span, self.attempt_span = self.attempt_span, None
         if span is not None:
             end_attempt_span(span, "ok" if ok else outcome, self.usage, self.finish_reason)
-        try:
-            await attempt.close(drain=ok and self.done)
-        finally:
+        try:  # the outcome first: nothing the fleet knows waits on the rest of the answer's bytes
             self.fleet.record_attempt(attempt.worker_id, ok=ok, first_byte_s=attempt.first_byte_s,
                                       expected_first_byte_s=attempt.expected_first_byte_s)
+        finally:
+            await attempt.close(drain=ok and self.done)
 
     # -- results -----------------------------------------------------------------------------
 
