@@ -194,7 +194,7 @@ class UpstreamClient:
 
     def __init__(self, *, keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S, clock=time.monotonic) -> None:
         self._idle: dict[Origin, list[_Connection]] = {}
-        self._targets: dict[str, tuple[Origin, str]] = {}
+        self._targets: dict[str, tuple[Origin, str]] = {}  # url -> (origin, the request head's fixed start)
         self._keepalive_expiry_s = keepalive_expiry_s
         self._clock = clock
         self._ssl: ssl.SSLContext | None = None
@@ -206,8 +206,8 @@ class UpstreamClient:
         the loop: asyncio.timeout would cancel and uncancel the task, at several times the cost). On
         a pooled connection the worker closed before answering a byte, the request goes once more on
         a fresh connection; a fresh connection's failure is raised as it is."""
-        origin, target = self._target(url)
-        request = _request_head(origin, target, headers, len(payload)) + payload
+        origin, head_start = self._target(url)
+        request = _request_head(head_start, headers, len(payload)) + payload
         deadline = None if headers_timeout_s is None else asyncio.get_running_loop().time() + headers_timeout_s
         conn = self._pop_idle(origin)
         if conn is not None:
@@ -283,23 +283,24 @@ class UpstreamClient:
         return self._ssl
 
     def _target(self, url: str) -> tuple[Origin, str]:
+        """url's origin, and the start of a POST's head to it (up to its content-length), made once a url."""
         cached = self._targets.get(url)
         if cached is None:
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise httpx.UnsupportedProtocol(f"unsupported worker URL {url!r}")
-            port = parts.port or (443 if parts.scheme == "https" else 80)
+            default_port = 443 if parts.scheme == "https" else 80
+            port = parts.port or default_port
             target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            cached = self._targets[url] = ((parts.scheme, parts.hostname, port), target)
+            authority = parts.hostname if port == default_port else f"{parts.hostname}:{port}"
+            head_start = (f"POST {target} HTTP/1.1\r\nhost: {authority}\r\naccept: */*\r\n"
+                          "content-type: application/json\r\n")
+            cached = self._targets[url] = ((parts.scheme, parts.hostname, port), head_start)
         return cached
 
 
-def _request_head(origin: Origin, target: str, headers: dict[str, str], content_length: int) -> bytes:
-    scheme, host, port = origin
-    default_port = 443 if scheme == "https" else 80
-    authority = host if port == default_port else f"{host}:{port}"
-    lines = [f"POST {target} HTTP/1.1", f"host: {authority}", "accept: */*", "content-type: application/json",
-             f"content-length: {content_length}"]
+def _request_head(head_start: str, headers: dict[str, str], content_length: int) -> bytes:
+    lines = [f"{head_start}content-length: {content_length}"]
     for name, value in headers.items():
         if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
             raise httpx.LocalProtocolError(f"invalid header {name!r}")

@@ -10,7 +10,7 @@ is written whole even when other lines go to the same pipe.
 
 from __future__ import annotations
 
-import os
+import random
 import re
 import sys
 import time
@@ -24,8 +24,9 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 def request_id(incoming: str | None) -> str:
     """A request's id: the caller's X-Request-Id when it is one (letters, digits and `._:-`, at most 128),
-    else a new one (32 hex digits, uuid4().hex's form)."""
-    return incoming if incoming and _REQUEST_ID.match(incoming) else os.urandom(16).hex()
+    else a new one (32 hex digits, uuid4().hex's form; from the random module, reseeded in every forked
+    process: an id names a request and guards nothing, so it needs no system call for entropy)."""
+    return incoming if incoming and _REQUEST_ID.match(incoming) else "%032x" % random.getrandbits(128)
 
 
 class RequestLog:
