@@ -10,8 +10,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
 
-from gateway.telemetry import PROBE_PATHS, Telemetry
 from gateway.request_body import body_too_large, read_body
+from gateway.telemetry import PROBE_PATHS, Telemetry
 from kvgate.api_error import ApiError
 from kvgate.config import LimitsConfig
 from kvgate.request_log import request_id as new_or_incoming_id

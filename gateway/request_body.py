@@ -25,9 +25,12 @@ async def read_body(receive: Receive, limit: int | None = None) -> bytes:
             size += len(chunk)
             if size > limit:
                 raise body_too_large(limit)
-        if not message.get("more_body", False):
-            return b"".join(chunks) + chunk if chunks else chunk
+        more = message.get("more_body", False)
+        if not more and not chunks:
+            return chunk  # the usual body: one message, no copy
         chunks.append(chunk)
+        if not more:
+            return b"".join(chunks)
 
 
 def body_too_large(limit: int) -> ApiError:
