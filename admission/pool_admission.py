@@ -54,7 +54,7 @@ class PoolAdmissionSettings:
             raise ValueError("queue_interval_s must be > 0")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per request: not frozen (its __init__ would cost ~3x); never changed once built
 class Verdict:
     """What offer() decided: admitted now, queued, or refused (reason, when to retry). shed: a
     queued request pushed out to make room (refuse it with reason "shed")."""

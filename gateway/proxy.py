@@ -150,17 +150,15 @@ class ProxyEndpoint:
 
     async def _start(self, scope: Scope, body: dict[str, Any], body_bytes: int, tenant: str) -> tuple[Session, list]:
         """Admit, route and open the upstream stream; the permit ends here unless a session holds it."""
-        pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]  # ASGI: names in lower case
-        first = dict(reversed(pairs))  # Headers.get semantics: the first of repeated headers
-        priority = self.admission.priority_for(tenant, _requested_priority(first.get("x-priority")))
+        request_headers = _request_headers(scope["headers"])
+        priority = self.admission.priority_for(tenant, _requested_priority(request_headers.get("x-priority")))
         state = scope.get("state", {})
         request_id = state.get("request_id", "")
         route_req = RouteRequest(
             model=body["model"], messages=body.get("messages") if self.kind == "chat" else None,
             prompt=body.get("prompt") if self.kind == "completion" else None, tools=body.get("tools"),
-            request_id=request_id, tenant=tenant, priority=priority.label, session_id=first.get("x-session-id"),
-            headers={k: v for k, v in pairs if k not in ("authorization", "x-api-key")},
-            path=self.path)
+            request_id=request_id, tenant=tenant, priority=priority.label,
+            session_id=request_headers.get("x-session-id"), headers=request_headers, path=self.path)
         pool = self._pool_for(route_req)
         state["pool"] = pool
         record = state.get("log")
@@ -172,8 +170,8 @@ class ProxyEndpoint:
             if span is not None:
                 span.set_attributes({"kvgate.tenant": tenant, "kvgate.pool": pool, "kvgate.priority": priority.label})
             permit = await self.admission.admit(AdmissionRequest(
-                tenant, pool, priority, deadline_ms=_deadline_ms(first.get("x-request-deadline-ms")),
-                workflow_step=_workflow_step(first.get("x-workflow-step")),
+                tenant, pool, priority, deadline_ms=_deadline_ms(request_headers.get("x-request-deadline-ms")),
+                workflow_step=_workflow_step(request_headers.get("x-workflow-step")),
                 prompt_tokens_estimate=estimate_prompt_tokens(body), max_tokens=_max_tokens(body)))
         if record is not None:
             record["admission_s"] = round(time.perf_counter() - waited, 6)
@@ -184,7 +182,7 @@ class ProxyEndpoint:
                 if span is not None or record is not None:
                     self._describe_route(ticket, span, record)
             permit.prompt_counted(ticket.decision.num_prompt_tokens or 0)
-            headers = {k: v for k, v in pairs if k in FORWARDED_HEADERS}
+            headers = {name: request_headers[name] for name in FORWARDED_HEADERS if name in request_headers}
             headers.update(state.get("trace_headers", {}))
             headers["x-request-id"] = request_id
             headers["x-priority"] = str(int(priority))  # the admitted class, as the worker's integer priority
@@ -370,6 +368,17 @@ async def _client_gone(send: Send) -> None:
     """Close the exchange of a client that disconnected (499, nginx's "client closed request")."""
     await send({"type": "http.response.start", "status": 499, "headers": []})
     await send({"type": "http.response.body", "body": b""})
+
+
+def _request_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The request's headers by name (ASGI gives them in lower case), the first of repeated ones (as
+    Headers.get has it), without its credentials: what routing rules match and the worker may be sent."""
+    headers = {}
+    for name, value in reversed(raw):
+        headers[name.decode("latin-1")] = value.decode("latin-1")
+    headers.pop("authorization", None)
+    headers.pop("x-api-key", None)
+    return headers
 
 
 def _requested_priority(value: str | None) -> Priority | None:

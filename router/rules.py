@@ -17,8 +17,8 @@ from router.types import RouteRequest
 
 @dataclass(frozen=True, slots=True)
 class RuleMatch:
-    """All given fields must match; model and path accept shell wildcards (fnmatch); header
-    names are lower case."""
+    """All given fields must match; model and path accept shell wildcards (fnmatch; a value equal
+    to the pattern matches it, brackets included); header names are lower case."""
 
     model: str | None = None
     tenant: str | None = None
@@ -27,15 +27,15 @@ class RuleMatch:
     path: str | None = None
 
     def matches(self, req: RouteRequest) -> bool:
-        if self.model is not None and not fnmatch.fnmatchcase(req.model, self.model):
+        if self.model is not None and req.model != self.model and not fnmatch.fnmatchcase(req.model, self.model):
             return False
         if self.tenant is not None and req.tenant != self.tenant:
             return False
         if self.priority is not None and req.priority != self.priority:
             return False
-        if self.path is not None and not fnmatch.fnmatchcase(req.path, self.path):
+        if self.path is not None and req.path != self.path and not fnmatch.fnmatchcase(req.path, self.path):
             return False
-        return all(req.headers.get(name) == value for name, value in self.headers)
+        return not self.headers or all(req.headers.get(name) == value for name, value in self.headers)
 
 
 @dataclass(frozen=True, slots=True)

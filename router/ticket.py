@@ -46,7 +46,7 @@ class ClosedLoopStats:
         return self.confirmed_cached_tokens / self.predicted_cached_tokens
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per request: not frozen (its __init__ would cost ~3x); never changed once built
 class Prediction:
     """What route() recorded as predicted cache on the chosen worker: the prompt's keys, of which
     the first num_held were already known there (this request added the rest), and their expiry;

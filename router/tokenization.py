@@ -326,7 +326,7 @@ def check_depth(value: Any, field: str, max_depth: int = MAX_JSON_DEPTH) -> None
     """InputTooDeepError when value nests dicts/lists/tuples more than max_depth levels (a scalar
     is 0 levels, [] or {} one). Level by level, without recursion, so any depth is measured
     safely; json.dumps, the template and str() below recurse and would exhaust the stack."""
-    level = [value] if isinstance(value, _CONTAINERS) else []
+    level = [value] if _is_container(value) else []
     depth = 0
     while level:
         depth += 1
@@ -334,12 +334,23 @@ def check_depth(value: Any, field: str, max_depth: int = MAX_JSON_DEPTH) -> None
             raise InputTooDeepError(field, max_depth)
         deeper = []
         for item in level:
-            children = item.values() if isinstance(item, Mapping) else item
-            deeper += [child for child in children if isinstance(child, _CONTAINERS)]
+            children = item.values() if is_mapping(item) else item
+            deeper += [child for child in children if type(child) not in _SCALARS and _is_container(child)]
         level = deeper
 
 
 _CONTAINERS = (dict, list, tuple, Mapping)
+_SCALARS = frozenset((str, int, float, bool, type(None)))  # what a JSON body holds besides dicts and lists
+
+
+def is_mapping(value: Any) -> bool:
+    """isinstance(value, Mapping), without the ABC's slower check for a dict (what a JSON body holds)."""
+    return type(value) is dict or isinstance(value, Mapping)
+
+
+def _is_container(value: Any) -> bool:
+    kind = type(value)
+    return kind is dict or kind is list or (kind not in _SCALARS and isinstance(value, _CONTAINERS))
 
 
 def _canonical(value: Any) -> bytes:
@@ -358,7 +369,7 @@ def chat_messages(messages: Sequence[Any]) -> list[Mapping[str, Any]]:
     """Messages as the worker hands them to the template (worker/openai_api.py): null fields
     dropped, role developer as system, content as text. Leniently: what the worker rejects (no
     role, image parts, content of another type) still renders, so its 400 is what the client sees."""
-    return [_chat_message(m) for m in messages if isinstance(m, Mapping)]
+    return [_chat_message(m) for m in messages if is_mapping(m)]
 
 
 def _chat_message(message: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -25,7 +25,7 @@ class WorkerSpec:
             raise ValueError(f"workers.{self.worker_id}.num_blocks must be >= 1")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per request: not frozen (its __init__ would cost ~3x); never changed once built
 class RouteRequest:
     """What the gateway knows about a request; the router fills num_prompt_tokens, block_keys,
     home_worker (where its conversation, or a prompt sharing its prefix, was placed last:
@@ -81,7 +81,7 @@ class WorkerView(NamedTuple):
         return max(self.confirmed_blocks, self.predicted_blocks)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per request: not frozen (its __init__ would cost ~3x); never changed once built
 class Candidate:
     """One explained candidate: why it ranked where it did."""
 
@@ -100,7 +100,7 @@ class Candidate:
         return " ".join(parts) + ")"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per request: not frozen (its __init__ would cost ~3x); never changed once built
 class RouteDecision:
     """Ranked worker ids (the gateway tries them in order) and an explanation of the top ones."""
 

@@ -1,5 +1,6 @@
-"""The completion body's checks: fields the gateway cannot carry through retries and failover are
-refused with a 400 naming them; the rest pass on."""
+"""The completion request as the gateway reads it: fields the gateway cannot carry through retries and
+failover are refused with a 400 naming them, the rest pass on; the body is read once, within its limit;
+routing sees the first of each header, without the credentials."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import pytest
 
 from gateway.middleware import BodyLimitsMiddleware
+from gateway.proxy import _request_headers
 from gateway.request_body import parse_body, read_body
 from kvgate.api_error import ApiError
 from kvgate.config import LimitsConfig
@@ -74,3 +76,9 @@ def test_body_limits_hand_the_body_on_in_the_scope_state():
     scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
     asyncio.run(middleware(scope, _messages(b'{"model":', b' "m"}'), None))
     assert seen == {"body": b'{"model": "m"}', "next": "http.disconnect"}
+
+
+def test_the_headers_routing_sees_are_the_first_of_each_name_without_the_credentials():
+    raw = [(b"authorization", b"Bearer sk-1"), (b"x-mode", b"sticky"), (b"x-api-key", b"sk-2"),
+           (b"x-mode", b"batch"), (b"x-session-id", b"caf\xe9")]
+    assert _request_headers(raw) == {"x-mode": "sticky", "x-session-id": "caf\u00e9"}  # latin-1, as ASGI has it

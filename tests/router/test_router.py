@@ -114,6 +114,17 @@ def test_header_rule_selects_its_policy(parts) -> None:
     assert (decision.rule, decision.policy) == ("sticky", "session_affinity")
 
 
+def test_a_model_or_path_matches_a_pattern_equal_to_it_and_wildcards_still_match() -> None:
+    def req(model: str, path: str = "/v1/completions") -> RouteRequest:
+        return RouteRequest(model=model, prompt=PROMPT, path=path)
+
+    literal = RuleMatch(model="llama[8b]")  # a pool's model name as configured: brackets are part of it
+    assert literal.matches(req("llama[8b]")) and literal.matches(req("llama8")) and not literal.matches(req("llama9"))
+    wildcard = RuleMatch(model="llama-*", path="/v1/*")
+    assert wildcard.matches(req("llama-8b")) and not wildcard.matches(req("qwen-7b"))
+    assert not wildcard.matches(req("llama-8b", path="/v2/completions"))
+
+
 def test_new_rules_take_effect_for_the_next_request(parts) -> None:
     parts.router.set_rules(RoutingRules((rule("rr", "main", policy_type="round_robin"),)))
     decision = parts.router.route(RouteRequest(model="m", prompt=PROMPT)).decision

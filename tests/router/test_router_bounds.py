@@ -8,6 +8,7 @@ import ctypes
 import random
 import resource
 from concurrent.futures import ThreadPoolExecutor
+from types import MappingProxyType
 
 import pytest
 
@@ -16,7 +17,7 @@ from router.errors import InputTooDeepError, PromptTooLongError, RouteInputError
 from router.kv_index import PREDICTED_KEY_BYTES, KvIndex
 from router.router import Router
 from router.rules import RoutingRules, rule
-from router.tokenization import MAX_JSON_DEPTH, RoutingTokenizer
+from router.tokenization import MAX_JSON_DEPTH, RoutingTokenizer, check_depth
 from router.types import RouteRequest, WorkerSpec
 from tests.router.model_dirs import CHATML_TEMPLATE, write_model_dir
 
@@ -273,3 +274,18 @@ def test_the_routing_tokenizer_gives_the_same_ids_from_many_threads(exact_tokeni
         got = list(pool.map(shared.encode_chat, conversations * 3))
     assert got == expected * 3
     assert shared.prefix_cache_hits > 0
+
+
+def test_depth_is_counted_through_any_mapping_or_sequence_not_only_dicts_and_lists() -> None:
+    def wrapped(depth: int):  # read-only mappings and tuples, as a caller other than the gateway may build
+        value: object = "leaf"
+        for level in range(depth):
+            value = MappingProxyType({"a": value}) if level % 2 else (value,)
+        return value
+
+    check_depth(wrapped(MAX_JSON_DEPTH), "messages")
+    with pytest.raises(InputTooDeepError):
+        check_depth(wrapped(MAX_JSON_DEPTH + 1), "messages")
+    check_depth([1, 2.5, True, None, "text"], "messages")  # scalars are no level
+    with pytest.raises(InputTooDeepError):
+        check_depth([[]], "tools", max_depth=1)
