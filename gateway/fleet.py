@@ -197,7 +197,7 @@ class Fleet:
             worker.breaker.record_success()
             if first_byte_s is not None and expected_first_byte_s is not None and self.config.outliers.enabled \
                     and self.outliers[worker.pool].observe(worker_id, first_byte_s, expected_first_byte_s,
-                                                           may_eject=self._others_in_rotation(worker)):
+                                                           may_eject=lambda: self._others_in_rotation(worker)):
                 self.metrics.ejections.labels(worker=worker_id).inc()
         else:
             worker.breaker.record_failure()

@@ -60,9 +60,11 @@ class OutlierDetector:
             return False
         return True
 
-    def observe(self, worker_id: str, first_token_s: float, expected_s: float, may_eject: bool = True) -> bool:
+    def observe(self, worker_id: str, first_token_s: float, expected_s: float,
+                may_eject: Callable[[], bool] = lambda: True) -> bool:
         """Record one request's time to first token and the router's expectation for it; returns
-        True if this observation ejected the worker (never while may_eject is False)."""
+        True if this observation ejected the worker (never while may_eject() is False: asked only
+        when the worker is slow enough to be ejected)."""
         base = self.config.base_latency_s
         slowness = min((first_token_s + base) / (expected_s + base), 2 * self.config.ratio)
         stats = self._stats.setdefault(worker_id, _Stats())
@@ -73,8 +75,8 @@ class OutlierDetector:
             return False
         peers = [s.slowness for w, s in self._stats.items()
                  if w != worker_id and s.samples >= self.config.min_samples and s.ejected_until is None]
-        if not may_eject or not peers or stats.slowness <= self.config.ratio * statistics.median(peers) \
-                or not self._may_eject():
+        if not peers or stats.slowness <= self.config.ratio * statistics.median(peers) or not self._may_eject() \
+                or not may_eject():
             return False
         stats.ejected_until = self._clock() + self.config.ejection_s
         return True

@@ -102,6 +102,20 @@ def test_at_most_the_configured_fraction_of_a_pool_is_ejected(clock):
     assert not detector.observe("c", 1.0, expected_s=0.01)  # a second ejection would take 2 of 3 workers out
 
 
+def test_whether_another_worker_could_take_over_is_asked_only_of_a_worker_slow_enough_to_eject(clock):
+    detector = OutlierDetector(OutlierConfig(min_samples=1, ratio=2.0, base_latency_s=0.01), clock)
+    asked = []
+
+    def may_eject() -> bool:
+        asked.append(True)
+        return False  # e.g. the pool's last worker in rotation
+
+    detector.observe("a", 0.01, expected_s=0.01)
+    assert not detector.observe("c", 0.01, expected_s=0.01, may_eject=may_eject) and not asked  # on time
+    assert not detector.observe("b", 1.0, expected_s=0.01, may_eject=may_eject) and asked == [True]  # slow: kept
+    assert detector.observe("b", 1.0, expected_s=0.01)  # slow, and another worker could take over
+
+
 @pytest.mark.parametrize(("leave", "entries_kept"), [("ejected", True), ("breaker-open", False)],
                          ids=["ejected-keeps-its-entries", "failed-drops-them"])
 def test_leaving_rotation_drops_index_entries_only_when_the_worker_failed(leave, entries_kept):
