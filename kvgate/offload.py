@@ -41,11 +41,16 @@ class Offloader:
     async def run(self, size: int, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if not self.is_large(size):
             return fn(*args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+        return await self._in_thread(functools.partial(fn, *args, **kwargs))
 
     async def run_yielding(self, size: int, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """run() for work that takes `yielding` (kvgate.json_body): True when it runs in the thread."""
-        return await self.run(size, fn, *args, yielding=self.is_large(size), **kwargs)
+        if not self.is_large(size):  # every small request, twice: inline, without awaiting run()
+            return fn(*args, yielding=False, **kwargs)
+        return await self._in_thread(functools.partial(fn, *args, yielding=True, **kwargs))
+
+    def _in_thread(self, work: Callable[[], T]) -> asyncio.Future[T]:
+        return asyncio.get_running_loop().run_in_executor(self._pool, work)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
