@@ -410,7 +410,7 @@ class Session:
         self.metrics.failovers.labels(pool=self.req.pool, mode=mode).inc()
         if body is None:  # the answer had already used its whole max_tokens
             self.finish_reason, self.done = "length", True
-            return [SseEvent(b"", "", self._synthetic_finish("length"))]
+            return [SseEvent(b"", b"", self._synthetic_finish("length"))]
         self.usage, self.usage_raw = None, None
         try:
             return await self._open_with_retries(await self._payload(body), first=False, path=path)

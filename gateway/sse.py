@@ -26,13 +26,21 @@ import orjson
 
 @dataclass(slots=True)
 class SseEvent:
+    """raw: the event as sent (forwarded untouched); value: its data, the data lines joined by LF;
+    payload: the data as a JSON object (None for [DONE], or data that is not one)."""
+
     raw: bytes
-    data: str
+    value: bytes
     payload: dict[str, Any] | None
 
     @property
+    def data(self) -> str:
+        """The data as text (invalid UTF-8 replaced)."""
+        return self.value.decode("utf-8", errors="replace")
+
+    @property
     def is_done(self) -> bool:
-        return self.data == "[DONE]"
+        return self.value == b"[DONE]"
 
 
 class SseParser:
@@ -89,22 +97,21 @@ def _parse(raw: bytes) -> SseEvent | None:
         if not data_lines:
             return None  # comments, keep-alives, fields without data
         value = b"\n".join(data_lines)
-    data = value.decode("utf-8", errors="replace")
     payload = None
-    if data != "[DONE]":
-        decoded = _loads(value, data)
-        payload = decoded if isinstance(decoded, dict) else None
-    return SseEvent(raw=raw, data=data, payload=payload)
+    if value != b"[DONE]":
+        try:
+            decoded = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            decoded = _lenient_loads(value)
+        if type(decoded) is dict:
+            payload = decoded
+    return SseEvent(raw, value, payload)
 
 
-def _loads(value: bytes, text: str) -> Any:
-    """value parsed as JSON (text: value decoded, invalid UTF-8 replaced); None if it is not JSON."""
+def _lenient_loads(value: bytes) -> Any:
+    """What orjson declines, as json parses it (invalid UTF-8 replaced); None if it is not JSON."""
     try:
-        return orjson.loads(value)
-    except orjson.JSONDecodeError:
-        pass
-    try:
-        return json.loads(text, parse_constant=_non_finite, parse_float=_float)
+        return json.loads(value.decode("utf-8", errors="replace"), parse_constant=_non_finite, parse_float=_float)
     except json.JSONDecodeError:
         return None
 
