@@ -206,7 +206,7 @@ class RoutingTokenizer:
     def _render(self, messages: list[Mapping[str, Any]], tools: Any, add_generation_prompt: bool,
                 template_kwargs: Mapping[str, Any]) -> str:
         if self._template is None:
-            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+            text = "".join([f"{m['role']}: {m['content']}\n" for m in messages])
             return text + ("assistant: " if add_generation_prompt else "")
         try:
             return self._template.render(
@@ -328,14 +328,17 @@ def check_depth(value: Any, field: str, max_depth: int = MAX_JSON_DEPTH) -> None
     safely; json.dumps, the template and str() below recurse and would exhaust the stack."""
     level = [value] if _is_container(value) else []
     depth = 0
-    while level:
+    while level:  # every request's messages pass here: no helper calls per item
         depth += 1
         if depth > max_depth:
             raise InputTooDeepError(field, max_depth)
         deeper = []
+        add = deeper.append
         for item in level:
-            children = item.values() if is_mapping(item) else item
-            deeper += [child for child in children if type(child) not in _SCALARS and _is_container(child)]
+            for child in item.values() if _is_mapping(item) else item:
+                kind = type(child)
+                if kind is dict or kind is list or (kind not in _SCALARS and isinstance(child, _CONTAINERS)):
+                    add(child)
         level = deeper
 
 
@@ -343,7 +346,7 @@ _CONTAINERS = (dict, list, tuple, Mapping)
 _SCALARS = frozenset((str, int, float, bool, type(None)))  # what a JSON body holds besides dicts and lists
 
 
-def is_mapping(value: Any) -> bool:
+def _is_mapping(value: Any) -> bool:
     """isinstance(value, Mapping), without the ABC's slower check for a dict (what a JSON body holds)."""
     return type(value) is dict or isinstance(value, Mapping)
 
@@ -369,7 +372,7 @@ def chat_messages(messages: Sequence[Any]) -> list[Mapping[str, Any]]:
     """Messages as the worker hands them to the template (worker/openai_api.py): null fields
     dropped, role developer as system, content as text. Leniently: what the worker rejects (no
     role, image parts, content of another type) still renders, so its 400 is what the client sees."""
-    return [_chat_message(m) for m in messages if is_mapping(m)]
+    return [_chat_message(m) for m in messages if _is_mapping(m)]
 
 
 def _chat_message(message: Mapping[str, Any]) -> Mapping[str, Any]:
