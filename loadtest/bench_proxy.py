@@ -220,14 +220,20 @@ def start_kvgate(port: int, upstream_port: int, tmp_dir: Path, cpus: set[int] | 
                         env={"KVGATE_API_KEY": API_KEY})
 
 
-def start_floor(port: int, upstream_port: int, tmp_dir: Path, cpus: set[int] | None) -> ChildProcess:
+def floor_argv(port: int) -> list[str]:
     """The floor of a proxy on kvgate's HTTP stack (loadtest/proxy_floor.py): uvicorn as kvgate runs it,
-    kvgate's upstream client, and nothing else."""
-    argv = [*_pin(cpus), sys.executable, "-m", "uvicorn", "--factory", "loadtest.proxy_floor:create_app",
-            "--host", "127.0.0.1", "--port", str(port), "--loop", "uvloop", "--http", "httptools",
-            "--no-access-log", "--log-level", "warning"]
-    return ChildProcess(FLOOR, argv, tmp_dir / "floor.log", f"http://127.0.0.1:{port}/health",
-                        env={UPSTREAM_ENV: f"http://127.0.0.1:{upstream_port}", "PYTHONPATH": str(ROOT)})
+    kvgate's upstream client, and nothing else; its upstream is in the environment (floor_env)."""
+    return [sys.executable, "-m", "uvicorn", "--factory", "loadtest.proxy_floor:create_app", "--host", "127.0.0.1",
+            "--port", str(port), "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"]
+
+
+def floor_env(upstream_port: int, tree: Path = ROOT) -> dict[str, str]:
+    return {UPSTREAM_ENV: f"http://127.0.0.1:{upstream_port}", "PYTHONPATH": str(tree)}
+
+
+def start_floor(port: int, upstream_port: int, tmp_dir: Path, cpus: set[int] | None) -> ChildProcess:
+    return ChildProcess(FLOOR, [*_pin(cpus), *floor_argv(port)], tmp_dir / "floor.log",
+                        f"http://127.0.0.1:{port}/health", env=floor_env(upstream_port))
 
 
 def sglang_argv(port: int, upstream_port: int, prometheus_port: int) -> list[str]:
