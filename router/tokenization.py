@@ -328,7 +328,7 @@ def check_depth(value: Any, field: str, max_depth: int = MAX_JSON_DEPTH) -> None
     safely; json.dumps, the template and str() below recurse and would exhaust the stack."""
     level = [value] if _is_container(value) else []
     depth = 0
-    while level:  # every request's messages pass here: no helper calls per item
+    while level:  # every request's messages pass here: a scalar (most items) costs no call
         depth += 1
         if depth > max_depth:
             raise InputTooDeepError(field, max_depth)
@@ -336,8 +336,7 @@ def check_depth(value: Any, field: str, max_depth: int = MAX_JSON_DEPTH) -> None
         add = deeper.append
         for item in level:
             for child in item.values() if _is_mapping(item) else item:
-                kind = type(child)
-                if kind is dict or kind is list or (kind not in _SCALARS and isinstance(child, _CONTAINERS)):
+                if type(child) not in _SCALARS and _is_container(child):
                     add(child)
         level = deeper
 
