@@ -43,6 +43,13 @@ class SseEvent:
         return self.value == b"[DONE]"
 
 
+MAX_EVENT_BYTES = 64 << 20  # an upstream event larger than this is a broken stream (SseError)
+
+
+class SseError(ValueError):
+    """The upstream stream cannot be parsed as SSE (an event over the size bound)."""
+
+
 class SseParser:
     """feed(bytes) -> complete events; a partial event waits for the next chunk.
 
@@ -51,23 +58,53 @@ class SseParser:
     returned. One space after `data:` is dropped; data lines join with LF. An event whose empty
     line ends in CR at the end of a read is returned at once; an LF that follows is the next
     event's first (empty) line, so the raw bytes of the events are still the stream as sent.
+
+    An event that spans reads is kept in a growing buffer, and each read's bytes are searched once
+    for its end: an event of many reads costs its length, not its length times its reads. One that
+    grows past max_event_bytes raises SseError.
     """
 
-    def __init__(self) -> None:
-        self._buffer = b""
+    def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self.max_event_bytes = max_event_bytes
+        self._pending = bytearray()  # the start of an event whose end has not come yet
+        self._pending_has_cr = False
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
-        buffer = self._buffer + chunk if self._buffer else chunk
+        if self._pending:
+            searched = len(self._pending)
+            self._pending += chunk
+            self._pending_has_cr = self._pending_has_cr or b"\r" in chunk
+            if not self._has_event_end(searched):
+                if len(self._pending) > self.max_event_bytes:
+                    raise SseError(f"an upstream event grew past {self.max_event_bytes} bytes without ending")
+                return []
+            buffer = bytes(self._pending)
+            self._pending.clear()
+        else:
+            buffer = chunk
         events = []
         start = 0
-        ends = _lf_event_ends if b"\r" not in buffer else _event_ends  # the usual LF-only stream: no regex
+        has_cr = b"\r" in buffer
+        ends = _lf_event_ends if not has_cr else _event_ends  # the usual LF-only stream: no regex
         for end in ends(buffer):
             event = _parse(buffer[start:end])
             if event is not None:
                 events.append(event)
             start = end
-        self._buffer = buffer[start:] if start else buffer
+        if start < len(buffer):
+            self._pending += buffer[start:] if start else buffer
+            self._pending_has_cr = has_cr and b"\r" in self._pending
+            if len(self._pending) > self.max_event_bytes:
+                raise SseError(f"an upstream event grew past {self.max_event_bytes} bytes without ending")
         return events
+
+    def _has_event_end(self, searched: int) -> bool:
+        """Whether the pending bytes hold an event's end, searching only what came after `searched`
+        (less the 3 bytes an end can span across reads: CR LF CR LF)."""
+        since = max(0, searched - 3)
+        if not self._pending_has_cr:
+            return self._pending.find(b"\n\n", since) >= 0
+        return _EVENT_END.search(self._pending, since) is not None
 
 
 _EOL = rb"(?:\r\n|\r(?!\n)|\n)"

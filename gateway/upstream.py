@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from gateway.errors import UpstreamError, map_upstream_errors
-from gateway.sse import SseEvent, SseParser
+from gateway.sse import SseError, SseEvent, SseParser
 from gateway.upstream_http import UpstreamClient, UpstreamResponse
 
 MAX_ERROR_BODY_BYTES = 64 * 1024
@@ -99,7 +99,10 @@ async def read_events(attempt: Attempt, timeout_s: float) -> list[SseEvent]:
         if chunk is None:
             attempt.eof = True
             return []
-        events = attempt.parser.feed(chunk)
+        try:
+            events = attempt.parser.feed(chunk)
+        except SseError as exc:
+            raise UpstreamError("protocol", str(exc)) from None
         if events:
             return events
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.sse import SseEvent, SseParser, compact_json, encode_event
+from gateway.sse import SseError, SseEvent, SseParser, compact_json, encode_event
 
 TOKEN = {"choices": [{"index": 0, "text": "Hel\u2028lo \u00e9"}]}  # U+2028 is a line break to str.splitlines
 USAGE = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
@@ -50,6 +50,46 @@ def test_a_stream_read_one_byte_at_a_time_gives_the_same_events(eol):
     events = events_of(SseParser(), [data[i:i + 1] for i in range(len(data))])
     assert summary(events) == EXPECTED
     assert [event.is_done for event in events] == [False, False, True]
+
+
+@LINE_ENDINGS
+def test_a_stream_read_in_three_pieces_at_any_two_bytes_gives_the_same_events(eol):
+    """An event that spans reads is searched for its end a read at a time: cut anywhere twice, the
+    events and their bytes are the stream's."""
+    data = stream(eol)
+    for first in range(len(data) + 1):
+        for second in range(first, len(data) + 1):
+            events = events_of(SseParser(), [data[:first], data[first:second], data[second:]])
+            assert summary(events) == EXPECTED, f"cuts at bytes {first} and {second}"
+            assert b"".join(event.raw for event in events) in data  # the events' bytes, as sent, in order
+
+
+def test_an_event_that_spans_many_reads_is_returned_whole_when_its_end_comes():
+    parser = SseParser()
+    text = "x" * 100_000
+    data = b"data: " + json.dumps({"choices": [{"index": 0, "text": text}]}).encode() + b"\n\n"
+    reads = [data[i:i + 1000] for i in range(0, len(data), 1000)]
+    events = [event for read in reads for event in parser.feed(read)]
+    assert [event.payload["choices"][0]["text"] for event in events] == [text]
+    assert events[0].raw == data
+
+
+@pytest.mark.parametrize("eol", [b"\n", b"\r\n"], ids=["lf", "crlf"])
+def test_an_event_over_the_size_bound_is_an_error_one_at_the_bound_is_not(eol):
+    """A worker that streams an event without end would otherwise grow the gateway's buffer without
+    bound: past max_event_bytes the stream is broken (the session fails the attempt over)."""
+    event = b"data: " + b"x" * 94 + eol + eol  # 100 bytes with LF, 102 with CRLF
+    [whole] = SseParser(max_event_bytes=len(event)).feed(event)
+    assert whole.raw == event
+    parser = SseParser(max_event_bytes=len(event))
+    assert parser.feed(event[:50]) == []
+    assert [e.raw for e in parser.feed(event[50:])] == [event]
+    parser = SseParser(max_event_bytes=150)
+    assert parser.feed(b"data: " + b"x" * 100) == []
+    with pytest.raises(SseError, match="150 bytes"):
+        parser.feed(b"x" * 100)
+    with pytest.raises(SseError):  # in one read too, after the events it ended
+        SseParser(max_event_bytes=150).feed(event + b"data: " + b"y" * 200)
 
 
 @LINE_ENDINGS
