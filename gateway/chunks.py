@@ -7,30 +7,58 @@ from __future__ import annotations
 from typing import Any
 
 
-def merge_tool_call_deltas(calls: dict[int, dict[str, Any]], deltas: list[Any]) -> None:
-    """Fold streamed tool-call deltas into whole calls, by index: id, type and name as they first come,
-    the arguments concatenated (OpenAI's streaming format for tool_calls)."""
-    for delta in deltas:
-        if not isinstance(delta, dict):
-            continue
-        call = calls.setdefault(int(delta.get("index") or 0), {"id": None, "type": "function",
-                                                                "function": {"name": None, "arguments": ""}})
-        for key in ("id", "type"):
-            if delta.get(key):
-                call[key] = delta[key]
-        function = delta.get("function") or {}
-        if function.get("name"):
-            call["function"]["name"] = function["name"]
-        call["function"]["arguments"] += function.get("arguments") or ""
+class ToolCalls:
+    """Streamed tool-call deltas folded into whole calls, by index (OpenAI's streaming format for
+    tool_calls): id, type and name as they first come; the arguments' pieces are kept and joined when
+    the calls are read (appending to one string each delta would cost the square of long arguments)."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, dict[str, Any]] = {}
+        self._arguments: dict[int, list[str]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._calls)
+
+    def add(self, deltas: list[Any]) -> None:
+        for delta in deltas:
+            if not isinstance(delta, dict):
+                continue
+            index = int(delta.get("index") or 0)
+            call = self._calls.get(index)
+            if call is None:
+                call = self._calls[index] = {"id": None, "type": "function", "function": {"name": None, "arguments": ""}}
+                self._arguments[index] = []
+            for key in ("id", "type"):
+                if delta.get(key):
+                    call[key] = delta[key]
+            function = delta.get("function") or {}
+            if function.get("name"):
+                call["function"]["name"] = function["name"]
+            if function.get("arguments"):
+                self._arguments[index].append(function["arguments"])
+
+    def calls(self) -> list[dict[str, Any]]:
+        """The whole calls so far, in index order."""
+        for index, pieces in self._arguments.items():
+            if pieces:
+                self._calls[index]["function"]["arguments"] += "".join(pieces)
+                pieces.clear()
+        return [self._calls[index] for index in sorted(self._calls)]
 
 
 def merge_logprobs(merged: dict[str, Any] | None, part: dict[str, Any]) -> dict[str, Any]:
     """Concatenate a chunk's logprobs onto those before it: every list field is extended (chat's
-    content and refusal; completions' tokens, token_logprobs, top_logprobs, text_offset)."""
-    merged = dict(merged or {})
+    content and refusal; completions' tokens, token_logprobs, top_logprobs, text_offset). The first
+    call builds merged, with lists of its own; later calls extend them in place (copying them each
+    chunk would cost the square of a long answer's length)."""
+    merged = {} if merged is None else merged
     for key, value in part.items():
         if isinstance(value, list):
-            merged[key] = list(merged.get(key) or []) + value
+            held = merged.get(key)
+            if isinstance(held, list):
+                held.extend(value)
+            else:
+                merged[key] = list(value)
         elif key not in merged:
             merged[key] = value
     return merged

@@ -24,7 +24,7 @@ from typing import Any
 
 from opentelemetry.trace import Span, Tracer
 from gateway.admission import Permit
-from gateway.chunks import carries_token_ids, chat_logprobs, merge_logprobs, merge_tool_call_deltas
+from gateway.chunks import ToolCalls, carries_token_ids, chat_logprobs, merge_logprobs
 from gateway.continuation import text_continuation, token_id_continuation
 from gateway.errors import UpstreamError
 from gateway.fleet import Fleet
@@ -96,7 +96,7 @@ class Session:
     # what happened so far
     tried: list[str] = field(default_factory=list)
     attempt: Attempt | None = None
-    text: str = ""
+    text_parts: list[str] = field(default_factory=list)  # the answer's text as it came (see `text`)
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     usage_raw: bytes | None = None
@@ -111,8 +111,8 @@ class Session:
     text_offset_base: int = 0  # characters of the answer before the last failover (a continuation counts from 0)
     token_ids: list[int] = field(default_factory=list)  # generated so far (return_token_ids)
     prompt_token_ids: list[int] | None = None  # the prompt as the first worker tokenized (chat: rendered) it
-    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # streamed tool-call deltas, by index
-    logprobs: dict[str, Any] | None = None  # the choice's logprobs, concatenated across chunks
+    tool_calls: ToolCalls = field(default_factory=ToolCalls)  # streamed tool-call deltas, folded
+    logprobs: dict[str, Any] | None = None  # the choice's logprobs, concatenated across chunks (collect() only)
     num_token_chunks: int = 0  # chunks that carried text or a tool call (about a token each)
     end_reason: str | None = None  # why the answer stopped short, when it did
     error_status: int | None = None  # the status of the error the answer ended with
@@ -327,15 +327,28 @@ class Session:
         tool_calls = (delta or {}).get("tool_calls")
         if text or tool_calls:
             self._mark_token()
-            self.text += text or ""
+            if text:
+                self.text_parts.append(text)
             self.num_token_chunks += 1
         if tool_calls:
-            merge_tool_call_deltas(self.tool_calls, tool_calls)
-        if isinstance(choice.get("logprobs"), dict):
+            self.tool_calls.add(tool_calls)
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict):
             if self.failovers:
-                choice["logprobs"] = self._continued_logprobs(choice["logprobs"])
-            self.logprobs = merge_logprobs(self.logprobs, choice["logprobs"])
+                logprobs = choice["logprobs"] = self._continued_logprobs(logprobs)
+            if not self.req.client_stream:  # a stream's client has them chunk by chunk: only an assembled answer keeps them
+                self.logprobs = merge_logprobs(self.logprobs, logprobs)
         return True
+
+    @property
+    def text(self) -> str:
+        """The answer's text so far. Kept as the chunks' pieces and joined when read (at a failover,
+        at the end): appending to one string each chunk copies it each time, a cost that grows with
+        the square of a long answer."""
+        parts = self.text_parts
+        if len(parts) > 1:
+            parts[:] = ["".join(parts)]
+        return parts[0] if parts else ""
 
     def _continued_logprobs(self, logprobs: dict[str, Any]) -> dict[str, Any]:
         """A continuation's logprobs as the client's answer has them: a chat's as a chat's (it went on
@@ -503,7 +516,7 @@ class Session:
             message: dict[str, Any] = {"role": "assistant", "content": self.text}
             if self.tool_calls:
                 message["content"] = self.text or None
-                message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+                message["tool_calls"] = self.tool_calls.calls()
             choice = {"index": 0, "message": message, "logprobs": self.logprobs, "finish_reason": self.finish_reason}
             obj = "chat.completion"
         else:
