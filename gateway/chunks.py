@@ -81,5 +81,12 @@ def _utf8(token: str) -> list[int]:
 
 
 def carries_token_ids(payload: dict[str, Any]) -> bool:
-    return "prompt_token_ids" in payload or any(
-        "token_ids" in choice or "prompt_token_ids" in choice for choice in payload.get("choices") or ())
+    """Whether a chunk carries token ids where workers put them (the chunk's prompt_token_ids, a chat's
+    first; each choice's token_ids and prompt_token_ids): asked for by the gateway, cut for a client
+    that did not ask. Runs for every token."""
+    if "prompt_token_ids" in payload:
+        return True
+    for choice in payload.get("choices") or ():
+        if "token_ids" in choice or "prompt_token_ids" in choice:
+            return True
+    return False

@@ -45,6 +45,7 @@ Write = Callable[[bytes, bool], Awaitable[None]]  # (data, more_body): a piece o
 
 BACKOFF_BASE_S = 0.025
 BACKOFF_CAP_S = 0.5
+_ROLE_FIELDS = frozenset(("role", "content"))  # a delta of these alone, without text, announces the role
 
 
 def full_jitter_backoff_s(retry: int, rng: random.Random) -> float:
@@ -291,49 +292,53 @@ class Session:
         return out
 
     def _process(self, event: SseEvent) -> bool:
-        """Take in one upstream event; True if the client sees it (as _for_client writes it)."""
-        if event.is_done:
-            self.done = True
-            return False
+        """Take in one upstream event; True if the client sees it (as _for_client writes it). Runs for
+        every token: each field is read once."""
         payload = event.payload
         if payload is None:
+            if event.is_done:
+                self.done = True
             return False
         if "error" in payload:
             raise UpstreamError("protocol", f"worker reported an error mid-stream: {payload['error']}")
-        if payload.get("usage"):
-            self.usage = payload["usage"]
-        choices = payload.get("choices") or []
+        usage = payload.get("usage")
+        if usage:
+            self.usage = usage
+        choices = payload.get("choices")
         if not choices:
-            if payload.get("usage"):
+            if usage:
                 self.usage_raw = event.raw
             return False
+        choice = choices[0]
         if self.first_payload is None:
             self.first_payload = payload
-        choice = choices[0]
-        if self.prompt_token_ids is None:  # chat: on the first chunk; completions: in its choice
+            # the prompt as the worker tokenized it: a chat's first chunk carries it, a completion's choice
             self.prompt_token_ids = payload.get("prompt_token_ids") or choice.get("prompt_token_ids")
         token_ids = choice.get("token_ids")
         if token_ids:
             self.token_ids.extend(token_ids)
+        finish_reason = choice.get("finish_reason")
         delta = choice.get("delta")
-        text = (delta or {}).get("content") if delta is not None else choice.get("text")
-        if (delta is not None and not text and not token_ids and choice.get("finish_reason") is None
-                and set(delta) <= {"role", "content"}):
-            if self.role_sent:
-                return False  # a continuation's role announcement
-            self.role_sent = True
-        if choice.get("finish_reason") is not None:
-            self.finish_reason = choice["finish_reason"]
-        tool_calls = (delta or {}).get("tool_calls")
+        if delta is None:
+            text, tool_calls = choice.get("text"), None
+        else:
+            text = delta.get("content") if delta else None
+            tool_calls = delta.get("tool_calls") if delta else None
+            if not text and not token_ids and finish_reason is None and set(delta) <= _ROLE_FIELDS:
+                if self.role_sent:
+                    return False  # a continuation's role announcement
+                self.role_sent = True
+        if finish_reason is not None:
+            self.finish_reason = finish_reason
         if text or tool_calls:
             self._mark_token()
             if text:
                 self.text_parts.append(text)
             self.num_token_chunks += 1
-        if tool_calls:
-            self.tool_calls.add(tool_calls)
+            if tool_calls:
+                self.tool_calls.add(tool_calls)
         logprobs = choice.get("logprobs")
-        if isinstance(logprobs, dict):
+        if logprobs is not None and isinstance(logprobs, dict):
             if self.failovers:
                 logprobs = choice["logprobs"] = self._continued_logprobs(logprobs)
             if not self.req.client_stream:  # a stream's client has them chunk by chunk: only an assembled answer keeps them
@@ -364,8 +369,14 @@ class Session:
         ids the client did not (they go), or a failover changed the stream (its chunks carry the first
         stream's id; a chat continued through the completions endpoint is shown as chat chunks)."""
         wants_ids = bool(self.req.body.get("return_token_ids"))
-        if self.failovers == 0 and (wants_ids or not carries_token_ids(event.payload or {})):
-            return event.raw
+        if self.failovers == 0:
+            payload = event.payload or {}
+            if wants_ids or not carries_token_ids(payload):
+                return event.raw
+            # the chunk was parsed for this request alone, and nothing reads its token ids after this
+            payload.pop("prompt_token_ids", None)
+            payload["choices"] = [self._client_choice(c, False, copy=False) for c in payload.get("choices") or ()]
+            return encode_event(payload)
         payload = dict(event.payload or {})
         if self.failovers:
             payload.update(self._envelope())
@@ -375,8 +386,9 @@ class Session:
             payload.pop("prompt_token_ids", None)
         return encode_event({**payload, "choices": choices})
 
-    def _client_choice(self, choice: dict[str, Any], wants_ids: bool) -> dict[str, Any]:
-        choice = dict(choice)
+    def _client_choice(self, choice: dict[str, Any], wants_ids: bool, copy: bool = True) -> dict[str, Any]:
+        if copy:
+            choice = dict(choice)
         if not wants_ids:
             choice.pop("token_ids", None)
         if not wants_ids or self.failovers:  # a continuation's prompt is not the client's
