@@ -73,27 +73,34 @@ def _usage(num_tokens: int) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": 0}}
 
 
-async def fake_worker(scope, receive, send) -> None:
-    """OpenAI-compatible enough: /health, /metrics, streamed or plain completions with usage.
-
-    The answer has `max_tokens` chunks (default 1), `bench_chunk_delay_ms` apart (default 0).
-    """
+async def fake_worker_request(scope, receive, send) -> dict[str, Any] | None:
+    """A fake worker's request: a POST's JSON body; None for a GET, answered here (/health: ok, any other
+    path: empty), and for any scope but HTTP."""
     if scope["type"] != "http":
-        return
-    path = scope["path"]
+        return None
     if scope["method"] == "GET":
-        body = b'{"status":"ok"}' if path == "/health" else b""
+        body = b'{"status":"ok"}' if scope["path"] == "/health" else b""
         await send({"type": "http.response.start", "status": 200, "headers": _HEADERS_JSON})
         await send({"type": "http.response.body", "body": body})
-        return
+        return None
     raw = b""
     while True:
         message = await receive()
         raw += message.get("body", b"")
         if not message.get("more_body"):
             break
-    request = json.loads(raw)
-    kind = "chat" if path.endswith("/chat/completions") else "completion"
+    return json.loads(raw)
+
+
+async def fake_worker(scope, receive, send) -> None:
+    """OpenAI-compatible enough: /health, /metrics, streamed or plain completions with usage.
+
+    The answer has `max_tokens` chunks (default 1), `bench_chunk_delay_ms` apart (default 0).
+    """
+    request = await fake_worker_request(scope, receive, send)
+    if request is None:
+        return
+    kind = "chat" if scope["path"].endswith("/chat/completions") else "completion"
     num_tokens = int(request.get("max_tokens") or 1)
     if request.get("stream"):
         await _stream_answer(send, kind, num_tokens, request)

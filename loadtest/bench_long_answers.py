@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 import yaml
 
-from loadtest.bench_gateway import API_KEY, MODEL, cpu_placement, gateway_config
+from loadtest.bench_gateway import API_KEY, MODEL, cpu_placement, fake_worker_request, gateway_config
 from loadtest.bench_instructions import baseline_tree
 from loadtest.benchdoc import machine_description, replace_section
 from loadtest.procs import ChildProcess, free_port, process_cpu_s
@@ -95,19 +95,9 @@ _ANSWERS: dict[tuple[int, str, int | None], bytes] = {}
 
 
 async def long_answer_worker(scope, receive, send) -> None:
-    if scope["type"] != "http":
+    request = await fake_worker_request(scope, receive, send)
+    if request is None:
         return
-    if scope["method"] == "GET":
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": b'{"status":"ok"}' if scope["path"] == "/health" else b""})
-        return
-    raw = b""
-    while True:
-        message = await receive()
-        raw += message.get("body", b"")
-        if not message.get("more_body"):
-            break
-    request = json.loads(raw)
     variant = "logprobs" if request.get("logprobs") else "tool call" if request.get("tools") else "text"
     key = (int(request.get("max_tokens") or 1), variant, request.get("bench_event_bytes"))
     if key not in _ANSWERS:
