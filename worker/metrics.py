@@ -154,7 +154,7 @@ class WorkerMetrics:
         return max(delta, 0)
 
     def _observe_finished(self, output: RequestOutput, timing: RequestTiming) -> None:
-        num_generated = len(output.output_token_ids)
+        num_generated = output.num_output_tokens
         self.request_success[output.finish_reason or FinishReason.STOP].inc()
         self.request_prompt_tokens.observe(output.num_prompt_tokens)
         self.request_generation_tokens.observe(num_generated)

@@ -89,7 +89,7 @@ class RequestTelemetry:
             "finish_reason": str(last.finish_reason) if last is not None and last.finish_reason else None,
             "prompt_tokens": len(record.prompt_token_ids) if record.prompt_token_ids is not None else None,
             "cached_tokens": last.num_cached_tokens if last is not None else None,
-            "output_tokens": (len(last.output_token_ids) if last is not None
+            "output_tokens": (last.num_output_tokens if last is not None
                               else 0 if record.response_id is not None else None),  # None: it never ran
             "priority": req.priority if req is not None else None,
             "error_type": record.error.type if record.error is not None else None,
@@ -135,7 +135,7 @@ class RequestTelemetry:
         if record.prompt_token_ids is not None:
             attributes["gen_ai.usage.input_tokens"] = len(record.prompt_token_ids)
         if last is not None:
-            attributes["gen_ai.usage.output_tokens"] = len(last.output_token_ids)
+            attributes["gen_ai.usage.output_tokens"] = last.num_output_tokens
             attributes["gen_ai.usage.cache_read.input_tokens"] = last.num_cached_tokens
             if last.finish_reason is not None:
                 attributes["gen_ai.response.finish_reasons"] = [str(last.finish_reason)]

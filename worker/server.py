@@ -316,7 +316,7 @@ class _Shaper:
                 "system_fingerprint": self.fingerprint}
 
     def usage(self, output: RequestOutput) -> dict[str, Any]:
-        completion = len(output.output_token_ids)
+        completion = output.num_output_tokens
         return {"prompt_tokens": output.num_prompt_tokens, "completion_tokens": completion,
                 "total_tokens": output.num_prompt_tokens + completion,
                 "prompt_tokens_details": {"cached_tokens": output.num_cached_tokens}}

@@ -79,6 +79,11 @@ def test_many_requests_match_the_reference_generation(num_blocks: int, engine_co
         assert last.output_token_ids == want
         assert [t for o in outputs[request_id] for t in o.new_token_ids] == want
         assert last.finish_reason == "length"
+        # every step's output, read after the request went on (preempted too), lists the tokens as of that step
+        delivered: list[int] = []
+        for out in outputs[request_id]:
+            delivered += out.new_token_ids
+            assert (out.num_output_tokens, out.output_token_ids) == (len(delivered), delivered)
     assert engine.block_manager.num_used_blocks == 0
     assert engine.stats().num_running == engine.stats().num_waiting == 0
 

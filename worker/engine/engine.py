@@ -29,13 +29,16 @@ from worker.engine.sequence import FinishReason, Sequence
 from worker.executor.base import Executor
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestOutput:
-    """What one step produced for one request.
+    """What one step produced for one request (built per step: not frozen, for its cost; never changed
+    once built).
 
     new_token_ids / new_text are this step's delta (new_text is stop-string safe and may be ""
-    while text is held back); output_token_ids are all output tokens so far. finish_reason is
-    "stop", "length" or "abort" once finished, else None.
+    while text is held back); num_output_tokens counts the output tokens so far, and
+    output_token_ids lists them (a copy, made when read: copying them at every step would cost a
+    long answer the square of its length). finish_reason is "stop", "length" or "abort" once
+    finished, else None.
     """
 
     request_id: str
@@ -45,7 +48,13 @@ class RequestOutput:
     finish_reason: FinishReason | None
     num_prompt_tokens: int
     num_cached_tokens: int
-    output_token_ids: list[int]
+    num_output_tokens: int
+    token_ids: list[int]  # the sequence's own prompt + output tokens, which only ever grow: read up to this step's
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """The output tokens as of this step."""
+        return self.token_ids[self.num_prompt_tokens:self.num_prompt_tokens + self.num_output_tokens]
 
 
 class StepFailed(RuntimeError):
@@ -256,7 +265,8 @@ class Engine:
             finish_reason=seq.finish_reason,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_cached_tokens=seq.num_cached_tokens,
-            output_token_ids=seq.output_token_ids,
+            num_output_tokens=seq.num_output_tokens,
+            token_ids=seq.token_ids,
         )
 
     # ---- introspection -----------------------------------------------------------------------
