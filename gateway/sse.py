@@ -192,6 +192,37 @@ def compact_json(payload: Any) -> bytes:
         return _COMPACT.encode(payload).encode()
 
 
+PIECE_ITEMS = 1024  # a long list's items encoded at a time by compact_json_pieces (~0.4 ms for logprobs entries)
+_DESCEND_ITEMS = 8  # a list this short is descended into (a response's `choices`), not encoded whole
+
+
+def compact_json_pieces(payload: Any) -> Iterator[bytes]:
+    """compact_json(payload) a piece at a time, for a large answer encoded on the event loop with a
+    yield between pieces: dicts and lists of a few items are descended into, a long list is encoded
+    PIECE_ITEMS items at a time, anything else whole. The pieces joined are compact_json's bytes (where
+    a piece falls back to the json module, its floats may be written in another form of the same
+    number)."""
+    if type(payload) is dict and all(type(key) is str for key in payload):
+        yield b"{"
+        for index, (key, value) in enumerate(payload.items()):
+            yield (b"," if index else b"") + compact_json(key) + b":"
+            yield from compact_json_pieces(value)
+        yield b"}"
+    elif type(payload) is list and len(payload) <= _DESCEND_ITEMS:
+        yield b"["
+        for index, value in enumerate(payload):
+            if index:
+                yield b","
+            yield from compact_json_pieces(value)
+        yield b"]"
+    elif type(payload) is list and len(payload) > PIECE_ITEMS:
+        for start in range(0, len(payload), PIECE_ITEMS):
+            yield (b"[" if start == 0 else b",") + compact_json(payload[start:start + PIECE_ITEMS])[1:-1]
+        yield b"]"
+    else:
+        yield compact_json(payload)
+
+
 def encode_event(payload: dict[str, Any]) -> bytes:
     return b"data: " + compact_json(payload) + b"\n\n"
 

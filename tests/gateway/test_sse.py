@@ -1,12 +1,18 @@
-"""The gateway's SSE parser (gateway/sse.py) on upstream byte streams cut anywhere, in every line ending."""
+"""The gateway's SSE parser (gateway/sse.py) on upstream byte streams cut anywhere, in every line ending, and
+the JSON it writes: chunks, and a long answer encoded in pieces."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gateway.sse import SseError, SseEvent, SseParser, compact_json, encode_event
+from gateway.proxy import LARGE_ANSWER_CHUNKS, _encoded_answer
+from gateway.sse import (PIECE_ITEMS, NonFinite, SseError, SseEvent, SseParser, compact_json, compact_json_pieces,
+                         encode_event)
 
 TOKEN = {"choices": [{"index": 0, "text": "Hel\u2028lo \u00e9"}]}  # U+2028 is a line break to str.splitlines
 USAGE = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
@@ -175,3 +181,53 @@ def test_invalid_utf8_in_a_chunk_is_replaced_as_before():
 def test_what_orjson_cannot_encode_is_encoded_by_the_json_module():
     value = {"big": 2 ** 70, "keys": {1: "one"}}
     assert compact_json(value) == COMPACT.encode(value).encode()
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2 ** 63, 2 ** 63 - 1) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=12) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=JSON_VALUES)
+def test_an_answer_encoded_in_pieces_is_the_answer_encoded_at_once(value):
+    assert b"".join(compact_json_pieces(value)) == compact_json(value)
+
+
+def test_a_long_list_is_encoded_a_slice_at_a_time_and_a_short_one_descended_into():
+    entries = [{"token": "t", "logprob": -0.5, "bytes": [116]}] * (2 * PIECE_ITEMS + 1)
+    answer = {"choices": [{"index": 0, "logprobs": {"content": entries}, "token_ids": list(range(PIECE_ITEMS))}],
+              "usage": {"prompt_tokens": 5, "completion_tokens": 2}, "odd": {1: NonFinite("nan")}}
+    pieces = list(compact_json_pieces(answer))
+    assert b"".join(pieces) == compact_json(answer)
+    assert len([p for p in pieces if p.count(b'"token"') == PIECE_ITEMS]) == 2  # the slices of the long list
+    assert compact_json(list(range(PIECE_ITEMS))) in pieces  # a list up to PIECE_ITEMS: one piece
+
+
+def test_a_long_answer_is_encoded_with_the_event_loop_running_between_pieces():
+    """A non-streaming answer of LARGE_ANSWER_CHUNKS chunks or more does not hold the loop while it is
+    encoded: another task runs between its pieces. A shorter one is encoded at once."""
+    entries = [{"token": "t", "logprob": -0.5, "bytes": [116], "top_logprobs": []}] * (8 * PIECE_ITEMS)
+    answer = {"id": "c", "choices": [{"index": 0, "message": {"role": "assistant", "content": "t" * len(entries)},
+                                      "logprobs": {"content": entries}}]}
+
+    async def scenario() -> None:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        for num_chunks, ran_between in ((LARGE_ANSWER_CHUNKS, True), (LARGE_ANSWER_CHUNKS - 1, False)):
+            before = ticks
+            assert await _encoded_answer(answer, num_chunks) == compact_json(answer)
+            assert (ticks - before > 1) is ran_between
+        task.cancel()
+
+    asyncio.run(scenario())
