@@ -338,7 +338,7 @@ class Session:
             if tool_calls:
                 self.tool_calls.add(tool_calls)
         logprobs = choice.get("logprobs")
-        if logprobs is not None and isinstance(logprobs, dict):
+        if isinstance(logprobs, dict):
             if self.failovers:
                 logprobs = choice["logprobs"] = self._continued_logprobs(logprobs)
             if not self.req.client_stream:  # a stream's client has them chunk by chunk: only an assembled answer keeps them

@@ -23,6 +23,8 @@ from typing import Any, Iterator
 
 import orjson
 
+from kvgate.json_body import json_pieces
+
 
 @dataclass(slots=True)
 class SseEvent:
@@ -75,8 +77,7 @@ class SseParser:
             self._pending += chunk
             self._pending_has_cr = self._pending_has_cr or b"\r" in chunk
             if not self._has_event_end(searched):
-                if len(self._pending) > self.max_event_bytes:
-                    raise SseError(f"an upstream event grew past {self.max_event_bytes} bytes without ending")
+                self._check_size()
                 return []
             buffer = bytes(self._pending)
             self._pending.clear()
@@ -94,9 +95,12 @@ class SseParser:
         if start < len(buffer):
             self._pending += buffer[start:] if start else buffer
             self._pending_has_cr = has_cr and b"\r" in self._pending
-            if len(self._pending) > self.max_event_bytes:
-                raise SseError(f"an upstream event grew past {self.max_event_bytes} bytes without ending")
+            self._check_size()
         return events
+
+    def _check_size(self) -> None:
+        if len(self._pending) > self.max_event_bytes:
+            raise SseError(f"an upstream event grew past {self.max_event_bytes} bytes without ending")
 
     def _has_event_end(self, searched: int) -> bool:
         """Whether the pending bytes hold an event's end, searching only what came after `searched`
@@ -192,35 +196,14 @@ def compact_json(payload: Any) -> bytes:
         return _COMPACT.encode(payload).encode()
 
 
-PIECE_ITEMS = 1024  # a long list's items encoded at a time by compact_json_pieces (~0.4 ms for logprobs entries)
-_DESCEND_ITEMS = 8  # a list this short is descended into (a response's `choices`), not encoded whole
+PIECE_ITEMS = 1024  # a long list's items encoded at a time by compact_json_pieces (~0.1 ms for logprobs entries)
 
 
 def compact_json_pieces(payload: Any) -> Iterator[bytes]:
-    """compact_json(payload) a piece at a time, for a large answer encoded on the event loop with a
-    yield between pieces: dicts and lists of a few items are descended into, a long list is encoded
-    PIECE_ITEMS items at a time, anything else whole. The pieces joined are compact_json's bytes (where
-    a piece falls back to the json module, its floats may be written in another form of the same
-    number)."""
-    if type(payload) is dict and all(type(key) is str for key in payload):
-        yield b"{"
-        for index, (key, value) in enumerate(payload.items()):
-            yield (b"," if index else b"") + compact_json(key) + b":"
-            yield from compact_json_pieces(value)
-        yield b"}"
-    elif type(payload) is list and len(payload) <= _DESCEND_ITEMS:
-        yield b"["
-        for index, value in enumerate(payload):
-            if index:
-                yield b","
-            yield from compact_json_pieces(value)
-        yield b"]"
-    elif type(payload) is list and len(payload) > PIECE_ITEMS:
-        for start in range(0, len(payload), PIECE_ITEMS):
-            yield (b"[" if start == 0 else b",") + compact_json(payload[start:start + PIECE_ITEMS])[1:-1]
-        yield b"]"
-    else:
-        yield compact_json(payload)
+    """compact_json(payload) a piece at a time (kvgate.json_body.json_pieces), for a large answer encoded on
+    the event loop with a yield between pieces. The pieces joined are compact_json's bytes (where a piece
+    falls back to the json module, its floats may be written in another form of the same number)."""
+    return json_pieces(payload, compact_json, PIECE_ITEMS)
 
 
 def encode_event(payload: dict[str, Any]) -> bytes:

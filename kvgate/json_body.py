@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import orjson
@@ -88,35 +89,48 @@ def dump_json(value: Any, *, yielding: bool = False) -> bytes:
     yielding: encode long lists (a prompt's token ids, a long conversation) a slice at a time, so
     the interpreter lock can pass to other threads between slices; the bytes are the same."""
     try:
-        encoded = _dump_sliced(value) if yielding and isinstance(value, dict) else orjson.dumps(value)
+        encoded = b"".join(json_pieces(value, orjson.dumps, _SLICE)) if yielding else orjson.dumps(value)
     except TypeError:  # orjson.JSONEncodeError included
         encoded = None
     if encoded is not None and b"null" not in encoded:
         return encoded
-    if not yielding or not isinstance(value, dict):
+    if not yielding:
         return _ENCODER.encode(value).encode()
-    parts = []
-    for key, item in value.items():
-        if isinstance(item, list) and len(item) > _SLICE:
-            encoded = ",".join(_ENCODER.encode(item[i:i + _SLICE])[1:-1] for i in range(0, len(item), _SLICE))
-            parts.append(f"{_ENCODER.encode(key)}:[{encoded}]")
-        else:
-            parts.append(f"{_ENCODER.encode(key)}:{_ENCODER.encode(item)}")
-    return ("{" + ",".join(parts) + "}").encode()
+    return b"".join(json_pieces(value, _encode_strict, _SLICE))
 
 
-def _dump_sliced(value: dict[str, Any]) -> bytes | None:
-    """orjson.dumps(value), its long lists encoded a slice at a time; None for a key that is not a string."""
-    parts = []
-    for key, item in value.items():
-        if type(key) is not str:
-            return None
-        if isinstance(item, list) and len(item) > _SLICE:
-            encoded = b",".join(orjson.dumps(item[i:i + _SLICE])[1:-1] for i in range(0, len(item), _SLICE))
-            parts.append(orjson.dumps(key) + b":[" + encoded + b"]")
-        else:
-            parts.append(orjson.dumps(key) + b":" + orjson.dumps(item))
-    return b"{" + b",".join(parts) + b"}"
+DESCEND_ITEMS = 8  # a list this short is descended into by json_pieces (a response's `choices`), not encoded whole
+
+
+def json_pieces(value: Any, encode: Callable[[Any], bytes], slice_items: int) -> Iterator[bytes]:
+    """encode(value) a piece at a time (the pieces joined are its bytes, for a compact encode), for a
+    large value encoded beside other work: between pieces the interpreter lock can pass to another
+    thread, or the event loop run. Dicts with string keys and lists of up to DESCEND_ITEMS items are
+    descended into, a longer list than slice_items is encoded slice_items items at a time, anything
+    else by encode whole."""
+    if type(value) is dict and all(type(key) is str for key in value):
+        yield b"{"
+        for index, (key, item) in enumerate(value.items()):
+            yield (b"," if index else b"") + encode(key) + b":"
+            yield from json_pieces(item, encode, slice_items)
+        yield b"}"
+    elif type(value) is list and len(value) <= DESCEND_ITEMS:
+        yield b"["
+        for index, item in enumerate(value):
+            if index:
+                yield b","
+            yield from json_pieces(item, encode, slice_items)
+        yield b"]"
+    elif type(value) is list and len(value) > slice_items:
+        for start in range(0, len(value), slice_items):
+            yield (b"[" if start == 0 else b",") + encode(value[start:start + slice_items])[1:-1]
+        yield b"]"
+    else:
+        yield encode(value)
+
+
+def _encode_strict(value: Any) -> bytes:
+    return _ENCODER.encode(value).encode()
 
 
 MAX_OTHER_INTEGERS = 65_536  # a body's integers beside its prompt's token ids (logit_bias, stop_token_ids...)

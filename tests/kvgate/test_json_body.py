@@ -54,6 +54,14 @@ def test_the_yielding_parse_and_encode_give_the_same_values_and_bytes():
     assert json.loads(encoded) == body
 
 
+def test_the_yielding_encode_of_what_orjson_declines_is_the_json_modules():
+    """A key that is not a string (orjson declines it) inside a value with long lists: the yielding encode
+    falls back piece by piece to the same bytes json's encoder writes for the whole."""
+    body = {"logit_bias": {50256: -100}, "prompt": list(range(10_000)), "seed": 2 ** 70}
+    assert dump_json(body, yielding=True) == dump_json(body)
+    assert json.loads(dump_json(body, yielding=True)) == {**body, "logit_bias": {"50256": -100}}
+
+
 def test_encoding_refuses_nan():
     with pytest.raises(ValueError):
         dump_json({"x": [float("nan")] * 10_000}, yielding=True)
