@@ -110,6 +110,7 @@ class Session:
     itl: HistogramChild | None = None  # the model's inter-token latency series, from the first token on
     delivered_tokens_at_failover: int = 0
     text_offset_base: int = 0  # characters of the answer before the last failover (a continuation counts from 0)
+    next_text_offset: int | None = None  # where a completion's next token starts, as its logprobs count (if any)
     token_ids: list[int] = field(default_factory=list)  # generated so far (return_token_ids)
     prompt_token_ids: list[int] | None = None  # the prompt as the first worker tokenized (chat: rendered) it
     tool_calls: ToolCalls = field(default_factory=ToolCalls)  # streamed tool-call deltas, folded
@@ -341,6 +342,9 @@ class Session:
         if isinstance(logprobs, dict):
             if self.failovers:
                 logprobs = choice["logprobs"] = self._continued_logprobs(logprobs)
+            offsets, tokens = logprobs.get("text_offset"), logprobs.get("tokens")
+            if offsets and tokens and isinstance(offsets[-1], int) and isinstance(tokens[-1], str):
+                self.next_text_offset = offsets[-1] + len(tokens[-1])
             if not self.req.client_stream:  # a stream's client has them chunk by chunk: only an assembled answer keeps them
                 self.logprobs = merge_logprobs(self.logprobs, logprobs)
         return True
@@ -430,7 +434,9 @@ class Session:
             raise ApiError(502, f"worker failed mid-stream ({error}) during a tool call, which cannot be continued "
                            "on another worker", "upstream_error", code="failover_failed")
         self.failovers += 1
-        self.text_offset_base = len(self.text)
+        # the continuation's offsets go on from the last token's end as the worker counted it (a token's own
+        # decoded text: not always the answer's characters, where the tokenizer joins tokens with spaces)
+        self.text_offset_base = self.next_text_offset if self.next_text_offset is not None else len(self.text)
         path, body, mode = self._continuation()
         self.metrics.failovers.labels(pool=self.req.pool, mode=mode).inc()
         if body is None:  # the answer had already used its whole max_tokens

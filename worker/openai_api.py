@@ -3,7 +3,9 @@
 Accepts OpenAI's fields plus the vLLM extensions clients rely on (top_k, ignore_eos,
 stop_token_ids, return_token_ids, continue_final_message, add_generation_prompt).
 Unknown fields are ignored, as OpenAI and vLLM do; known fields with a wrong type or value, or
-asking for a feature this worker lacks (tools, logprobs, guided decoding...), get a 400 naming the field.
+asking for a feature this worker lacks (tools, echo, guided decoding...), get a 400 naming the field.
+Logprobs are asked as each endpoint asks them: a chat's `logprobs: true` with `top_logprobs: N`, a
+completion's `logprobs: N` (N at most MAX_LOGPROBS); both become SamplingParams.logprobs = N.
 
 Priority comes only from the x-priority header, which the gateway sets to the priority it admitted;
 the body's `priority` (vLLM's field) is accepted and ignored, since a client chose it.
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from kvgate.api_error import ApiError
-from worker.engine.sampling_params import SamplingParams
+from worker.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
@@ -70,8 +72,6 @@ def _empty(value: Any) -> bool:
 
 # Params this worker cannot honour: (accepts, what it accepts); only values that ask for nothing pass.
 _UNSUPPORTED_COMMON: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "logprobs": (_off, ""),
-    "top_logprobs": (_off, ""),
     "best_of": (lambda v: v is None or (_is_int(v) and v == 1), "1"),
     "logit_bias": (_empty, ""),
     "use_beam_search": (_off, ""),
@@ -101,7 +101,7 @@ def parse_completion(data: dict[str, Any], header_priority: int | None = None) -
     text, token_ids = _prompt(data.get("prompt"))
     _reject_unsupported(data, _UNSUPPORTED_COMPLETION)
     return _build(data, "completion", header_priority, prompt_text=text, prompt_token_ids=token_ids,
-                  default_max_tokens=16)
+                  default_max_tokens=16, logprobs=_num_logprobs(data, "logprobs"))
 
 
 def parse_chat(data: dict[str, Any], header_priority: int | None = None) -> GenerateRequest:
@@ -118,13 +118,14 @@ def parse_chat(data: dict[str, Any], header_priority: int | None = None) -> Gene
     max_tokens_param = "max_completion_tokens" if data.get("max_completion_tokens") is not None else "max_tokens"
     return _build(data, "chat", header_priority, messages=messages, default_max_tokens=None,
                   max_tokens_param=max_tokens_param, add_generation_prompt=add_generation_prompt,
-                  continue_final_message=continue_final)
+                  continue_final_message=continue_final, logprobs=_chat_logprobs(data))
 
 
 def _build(data: dict[str, Any], kind: str, header_priority: int | None, *, default_max_tokens: int | None,
            prompt_text: str | None = None, prompt_token_ids: tuple[int, ...] | None = None,
            messages: tuple[dict[str, Any], ...] | None = None, max_tokens_param: str = "max_tokens",
-           add_generation_prompt: bool = True, continue_final_message: bool = False) -> GenerateRequest:
+           add_generation_prompt: bool = True, continue_final_message: bool = False,
+           logprobs: int | None = None) -> GenerateRequest:
     if _get(data, "n", int, 1) != 1:
         raise ApiError(400, "only n=1 is supported", param="n")
     _reject_unsupported(data, _UNSUPPORTED_COMMON)
@@ -146,7 +147,7 @@ def _build(data: dict[str, Any], kind: str, header_priority: int | None, *, defa
         prompt_text=prompt_text,
         prompt_token_ids=prompt_token_ids,
         messages=messages,
-        sampling=_sampling(data, max_tokens if max_tokens is not None else (default_max_tokens or 1)),
+        sampling=_sampling(data, max_tokens if max_tokens is not None else (default_max_tokens or 1), logprobs),
         max_tokens_given=max_tokens is not None or default_max_tokens is not None,
         max_tokens_param=max_tokens_param,
         stream=stream,
@@ -182,7 +183,23 @@ def _check_response_format(response_format: Any) -> None:
                        '(only "text")', param="response_format")
 
 
-def _sampling(data: dict[str, Any], max_tokens: int) -> SamplingParams:
+def _chat_logprobs(data: dict[str, Any]) -> int | None:
+    """A chat's logprobs (a boolean) and top_logprobs (how many alternatives) as one number, or None."""
+    wanted = _get(data, "logprobs", bool, False)
+    num_top = _num_logprobs(data, "top_logprobs")
+    if num_top and not wanted:
+        raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
+    return (num_top or 0) if wanted else None
+
+
+def _num_logprobs(data: dict[str, Any], param: str) -> int | None:
+    number = _get(data, param, int, None)
+    if number is not None and not 0 <= number <= MAX_LOGPROBS:
+        raise ApiError(400, f"{param} must be in [0, {MAX_LOGPROBS}], got {number}", param=param)
+    return number
+
+
+def _sampling(data: dict[str, Any], max_tokens: int, logprobs: int | None) -> SamplingParams:
     temperature = _get(data, "temperature", float, 1.0)
     top_p = _get(data, "top_p", float, 1.0)
     top_k = _get(data, "top_k", int, None)
@@ -204,6 +221,7 @@ def _sampling(data: dict[str, Any], max_tokens: int) -> SamplingParams:
         stop_token_ids=_stop_token_ids(data.get("stop_token_ids")),
         ignore_eos=_get(data, "ignore_eos", bool, False),
         include_stop_str_in_output=_get(data, "include_stop_str_in_output", bool, False),
+        logprobs=logprobs,
     )
 
 

@@ -37,8 +37,9 @@ from kvgate.offload import Offloader
 from kvgate.request_log import request_id as new_or_incoming_id
 from worker.async_engine import AsyncEngine, EngineShutDown, RequestFailed, RequestTiming
 from worker.engine.engine import RequestOutput
+from worker.executor.base import TokenLogprobs
 from worker.metrics import WorkerMetrics
-from worker.model.tokenizer import ModelTokenizer
+from worker.model.tokenizer import ModelTokenizer, TokenBytes
 from worker.openai_api import GenerateRequest, parse_chat, parse_completion
 from worker.request_telemetry import CLIENT_GONE, ERROR, FINISHED, REJECTED, RequestRecord, RequestTelemetry
 
@@ -57,9 +58,15 @@ class WorkerState:
     metrics: WorkerMetrics
     num_token_ids: int  # rows of the model's embedding: a prompt's token ids must be below this
     telemetry: RequestTelemetry
+    computes_logprobs: bool = False  # whether the executor has a distribution to report (torch: yes; sim: no)
     created_s: int = dataclasses.field(default_factory=lambda: int(time.time()))
     engine_ids: Iterator[int] = dataclasses.field(default_factory=itertools.count)  # the engine ids' suffixes
     offload: Offloader = dataclasses.field(default_factory=Offloader)  # a large body is prepared off the loop
+    token_bytes: TokenBytes | None = None  # each token's bytes, for logprobs (from tokenizer when not given)
+
+    def __post_init__(self) -> None:
+        if self.token_bytes is None:
+            self.token_bytes = TokenBytes(self.tokenizer.tokenizer)
 
 
 def build_app(state: WorkerState) -> Starlette:
@@ -163,6 +170,9 @@ def _prepare(state: WorkerState, raw: bytes, kind: str, header_priority: int | N
     data = parse_json_object(raw, yielding=yielding, max_prompt_tokens=state.max_model_len)
     req = (parse_completion if kind == "completion" else parse_chat)(data, header_priority)
     _check_model(state, req.model)
+    if req.sampling.logprobs is not None and not state.computes_logprobs:
+        raise ApiError(400, f"logprobs are not available from this worker's {state.executor_name} executor: it "
+                       "computes no distribution over tokens", param="logprobs")
     prompt_ids = _prompt_token_ids(state, req)
     return _fit_context(state, req, len(prompt_ids)), prompt_ids
 
@@ -225,19 +235,23 @@ def _fit_context(state: WorkerState, req: GenerateRequest, num_prompt_tokens: in
     return req
 
 
-async def _collect(outputs: AsyncIterator[RequestOutput], record: RequestRecord) -> tuple[str, RequestOutput]:
+async def _collect(outputs: AsyncIterator[RequestOutput],
+                   record: RequestRecord) -> tuple[str, RequestOutput, list[TokenLogprobs]]:
     text: list[str] = []
+    logprobs: list[TokenLogprobs] = []
     last = None
     try:
         async for output in outputs:
             text.append(output.new_text)
+            if output.new_logprobs:
+                logprobs.extend(output.new_logprobs)
             last = record.last_output = output
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
     except (EngineShutDown, RequestFailed) as exc:
         raise _engine_error(exc) from None
     assert last is not None
-    return "".join(text), last
+    return "".join(text), last, logprobs
 
 
 async def _collect_unless_disconnected(request: Request, outputs: AsyncIterator[RequestOutput],
@@ -310,6 +324,9 @@ class _Shaper:
         self.fingerprint = f"kvgate-{state.executor_name}"
         self.is_chat = req.kind == "chat"
         self._prompt_ids_sent = False  # completions streams carry them in their first chunk (vLLM's place)
+        self.num_logprobs = req.sampling.logprobs  # None: the client asked for no logprobs
+        self._token_bytes = state.token_bytes
+        self._text_offset = 0  # a completion's text_offset: where the next token's text starts
 
     def _envelope(self, object_: str) -> dict[str, Any]:
         return {"id": self.request_id, "object": object_, "created": self.created, "model": self.model,
@@ -321,16 +338,18 @@ class _Shaper:
                 "total_tokens": output.num_prompt_tokens + completion,
                 "prompt_tokens_details": {"cached_tokens": output.num_cached_tokens}}
 
-    def full_response(self, text: str, final: RequestOutput) -> dict[str, Any]:
+    def full_response(self, text: str, final: RequestOutput, logprobs: list[TokenLogprobs]) -> dict[str, Any]:
         reason = final.finish_reason.value if final.finish_reason else None
+        shown_logprobs = self._logprobs(final.output_token_ids, logprobs)
         if self.is_chat:
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                      "logprobs": None, "finish_reason": reason, "stop_reason": None}
+                                      "logprobs": shown_logprobs, "finish_reason": reason, "stop_reason": None}
             body = {**self._envelope("chat.completion"), "choices": [choice]}
             if self.req.return_token_ids:
                 body["prompt_token_ids"] = self.prompt_ids
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None}
+            choice = {"index": 0, "text": text, "logprobs": shown_logprobs, "finish_reason": reason,
+                      "stop_reason": None}
             if self.req.return_token_ids:
                 choice["prompt_token_ids"] = self.prompt_ids
             body = {**self._envelope("text_completion"), "choices": [choice]}
@@ -350,9 +369,12 @@ class _Shaper:
     def chunks(self, output: RequestOutput) -> list[dict[str, Any]]:
         reason = output.finish_reason.value if output.finished and output.finish_reason else None
         chunks = []
-        if output.new_text or reason is not None or (self.req.return_token_ids and output.new_token_ids):
+        tokens_shown = self.req.return_token_ids or self.num_logprobs is not None
+        if output.new_text or reason is not None or (tokens_shown and output.new_token_ids):
             delta: Any = {"content": output.new_text} if self.is_chat else output.new_text
             chunk = self._chunk(delta, reason, output.new_token_ids if self.req.return_token_ids else None)
+            if output.new_logprobs:
+                chunk["choices"][0]["logprobs"] = self._logprobs(output.new_token_ids, output.new_logprobs)
             if self.req.return_token_ids and not self.is_chat and not self._prompt_ids_sent:
                 chunk["choices"][0]["prompt_token_ids"] = self.prompt_ids
                 self._prompt_ids_sent = True
@@ -374,3 +396,40 @@ class _Shaper:
         if token_ids is not None:
             choice["token_ids"] = token_ids
         return {**self._envelope(self._chunk_object()), "choices": [choice]}
+
+    def _logprobs(self, token_ids: list[int], logprobs: list[TokenLogprobs] | None) -> dict[str, Any] | None:
+        """These tokens' logprobs as the endpoint shows them (vLLM's and OpenAI's shapes); None when the
+        client asked for none. A token is shown as its own bytes decoded (U+FFFD for part of a character:
+        a chat's `bytes` carry the exact ones)."""
+        if self.num_logprobs is None or not logprobs:
+            return None
+        if self.is_chat:
+            return {"content": [{**self._chat_entry(token_id, entry.logprob),
+                                 "top_logprobs": [self._chat_entry(top_id, top_logprob) for top_id, top_logprob
+                                                  in zip(entry.top_token_ids, entry.top_logprobs)]}
+                                for token_id, entry in zip(token_ids, logprobs)]}
+        tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
+        for token_id, entry in zip(token_ids, logprobs):
+            text = self._token_text(token_id)
+            tokens.append(text)
+            token_logprobs.append(_finite(entry.logprob))
+            top = {self._token_text(top_id): _finite(top_logprob)
+                   for top_id, top_logprob in zip(entry.top_token_ids, entry.top_logprobs)}
+            top.setdefault(text, _finite(entry.logprob))  # the sampled token is always among them (as vLLM)
+            top_logprobs.append(top)
+            text_offset.append(self._text_offset)
+            self._text_offset += len(text)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+                "text_offset": text_offset}
+
+    def _chat_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        raw = self._token_bytes(token_id)
+        return {"token": raw.decode("utf-8", "replace"), "logprob": _finite(logprob), "bytes": list(raw)}
+
+    def _token_text(self, token_id: int) -> str:
+        return self._token_bytes(token_id).decode("utf-8", "replace")
+
+
+def _finite(logprob: float) -> float:
+    """A log-probability JSON can carry: -inf (a token the model rules out) as vLLM shows it, -9999.0."""
+    return max(logprob, -9999.0)

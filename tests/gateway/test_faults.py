@@ -66,6 +66,52 @@ def test_worker_killed_mid_stream_client_text_equals_uninterrupted_run(gateway_m
         assert metric_value(gateway.url, "kvgate_failovers_total", mode="token_ids") == 1
 
 
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_a_streams_logprobs_go_on_through_a_failover_as_an_uninterrupted_run_has_them(gateway_model_dir, tmp_path,
+                                                                                     kind):
+    """The answer continues on the other worker through its completions endpoint; a chat's logprobs come
+    back in a chat's shape, the same tokens with the same alternatives (the values to float noise: the
+    other worker computes the prompt in one prefill)."""
+    with ExitStack() as stack:
+        workers = [start_tiny_worker(stack, gateway_model_dir) for _ in range(2)]
+        by_name = {f"w{i}": w for i, w in enumerate(workers)}
+        entries = [worker_entry(name, w.url) for name, w in by_name.items()]
+        gateway = start_gateway(stack, gateway_config(entries, gateway_model_dir), tmp_path)
+        if kind == "completion":
+            path, body = "/v1/completions", {"prompt": "Paged attention stores keys and values", "logprobs": 2}
+        else:
+            path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": "Tell me a story"}],
+                                                  "logprobs": True, "top_logprobs": 2}
+        body = {**body, "model": MODEL, "max_tokens": 60, "temperature": 0, "ignore_eos": True}
+        expected = httpx.post(f"{gateway.url}{path}", json=body, headers=AUTH, timeout=60).json()["choices"][0]
+
+        with httpx.stream("POST", f"{gateway.url}{path}", json={**body, "stream": True}, headers=AUTH,
+                          timeout=60) as response:
+            victim = by_name[response.headers["x-kvgate-worker"]]
+            _, payloads = stream_text(response, lambda n: n == 5 and victim.proc.send_signal(signal.SIGKILL))
+        assert victim.proc.wait(timeout=5) == -signal.SIGKILL
+        assert metric_value(gateway.url, "kvgate_failovers_total") == 1
+
+    pieces = [c["logprobs"] for p in payloads for c in p.get("choices", ()) if c.get("logprobs")]
+    if kind == "chat":
+        streamed = [entry for piece in pieces for entry in piece["content"]]
+        assert len(streamed) == 60
+        for got, want in zip(streamed, expected["logprobs"]["content"]):
+            assert (got["token"], got["bytes"]) == (want["token"], want["bytes"])
+            assert got["logprob"] == pytest.approx(want["logprob"], abs=1e-4)
+            assert [t["token"] for t in got["top_logprobs"]] == [t["token"] for t in want["top_logprobs"]]
+            assert [t["logprob"] for t in got["top_logprobs"]] == \
+                pytest.approx([t["logprob"] for t in want["top_logprobs"]], abs=1e-4)
+    else:
+        want = expected["logprobs"]
+        for field in ("tokens", "text_offset"):
+            assert [value for piece in pieces for value in piece[field]] == want[field]
+        assert [v for piece in pieces for v in piece["token_logprobs"]] == pytest.approx(want["token_logprobs"],
+                                                                                         abs=1e-4)
+        tops = [top for piece in pieces for top in piece["top_logprobs"]]
+        assert [sorted(top) for top in tops] == [sorted(top) for top in want["top_logprobs"]]
+
+
 def test_breaker_opens_on_a_worker_returning_503_and_no_request_fails(gateway_model_dir, tmp_path):
     with ExitStack() as stack:
         bad = stack.enter_context(running(fake_worker_process("status503")))

@@ -170,3 +170,25 @@ def test_token_ids_the_gateway_asks_workers_for_reach_only_clients_that_asked(fl
     ids = [i for c in chunks for choice in c["choices"] for i in choice.get("token_ids", ())]
     assert bool(ids) == asked and any("prompt_token_ids" in c for c in chunks) == asked
     assert "".join(choice["delta"].get("content") or "" for c in chunks for choice in c["choices"])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["collected", "streamed"])
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_logprobs_through_the_gateway_equal_the_workers(client, direct, kind, stream):
+    if kind == "chat":
+        args = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me about paged attention"}],
+                    logprobs=True, top_logprobs=2, max_tokens=10, **GREEDY)
+        create = lambda c: c.chat.completions.create(**args, stream=stream)  # noqa: E731
+    else:
+        args = dict(model=MODEL, prompt="Paged attention stores", logprobs=2, max_tokens=10, **GREEDY)
+        create = lambda c: c.completions.create(**args, stream=stream)  # noqa: E731
+
+    def logprobs(answer) -> list:
+        choices = [c for chunk in (answer if stream else [answer]) for c in chunk.choices if c.logprobs]
+        if kind == "chat":
+            return [entry.model_dump() for c in choices for entry in c.logprobs.content]
+        return [(token, logprob, top, offset) for c in choices for token, logprob, top, offset in
+                zip(c.logprobs.tokens, c.logprobs.token_logprobs, c.logprobs.top_logprobs, c.logprobs.text_offset)]
+
+    via_gateway = logprobs(create(client))
+    assert len(via_gateway) == 10 and via_gateway == logprobs(create(direct))

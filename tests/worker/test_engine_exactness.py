@@ -163,3 +163,32 @@ def test_last_step_logits_are_within_1e_4_of_transformers(tiny_llama_dir, hf_ref
         context = ids + outputs[rid][:-1]  # the last token was sampled from the logits after these
         torch.testing.assert_close(last_logits[seq_id], hf_reference.last_logits(tiny_llama_dir, context),
                                    atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("sampling", [
+    SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=5),
+    SamplingParams(temperature=1.5, top_k=20, seed=7, max_tokens=6, ignore_eos=True, logprobs=3),
+], ids=["greedy", "sampled-hot-top-k"])
+def test_each_tokens_logprobs_are_transformers_log_softmax_at_its_position(tiny_llama_dir, hf_reference, sampling):
+    """Logprobs are the model's own distribution (raw logits' log-softmax), whatever temperature and
+    top-k drew the token: checked at every position, the chosen token's and the likeliest ones'."""
+    executor = TorchExecutor.from_pretrained(tiny_llama_dir, block_size=BLOCK_SIZE, num_blocks=256)
+    engine = Engine(executor, None, EngineConfig(model_name="tiny-llama", block_size=BLOCK_SIZE,
+                                                 max_num_batched_tokens=8))  # the prompt in chunks
+    ids = prompt(13, seed=500)
+    engine.add_request("r", ids, sampling)
+    steps = []
+    while engine.has_unfinished():
+        steps.extend(engine.step())
+
+    assert [len(step.new_logprobs) for step in steps] == [1] * sampling.max_tokens
+    output = steps[-1].output_token_ids
+    for i, step in enumerate(steps):
+        (entry,) = step.new_logprobs
+        reference = hf_reference.last_logits(tiny_llama_dir, ids + output[:i]).log_softmax(-1)
+        top = reference.topk(sampling.logprobs)
+        assert entry.logprob == pytest.approx(reference[output[i]].item(), abs=1e-4)
+        assert entry.top_token_ids == top.indices.tolist()
+        torch.testing.assert_close(torch.tensor(entry.top_logprobs), top.values, atol=1e-4, rtol=0)
+        if sampling.is_greedy:
+            assert entry.top_token_ids[0] == output[i] and entry.logprob == entry.top_logprobs[0]

@@ -17,6 +17,7 @@ from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine, RequestOutput, StepFailed
 from worker.engine.events import AllBlocksCleared, BlockRemoved, BlockStored
 from worker.engine.sampling_params import SamplingParams
+from worker.executor.base import TokenLogprobs
 from tests.worker.fake_executor import VOCAB_SIZE, FailingExecutor, PagedFakeExecutor, reference_output
 
 EOS = 50  # never sampled by the fake unless a test says so
@@ -218,8 +219,10 @@ def test_aborting_a_waiting_request_removes_it_from_the_queue() -> None:
         ("new", [1] * 300, SamplingParams(), "max_model_len"),
         ("new", [-1], SamplingParams(), ">= 0"),
         ("new", [1], SamplingParams(stop=("x",)), "tokenizer"),
+        ("new", [1], SamplingParams(logprobs=0), "logprobs are not available from the fake executor"),
     ],
-    ids=["duplicate-id", "empty-prompt", "prompt-too-long", "negative-token", "stop-no-tokenizer"],
+    ids=["duplicate-id", "empty-prompt", "prompt-too-long", "negative-token", "stop-no-tokenizer",
+         "logprobs-from-an-executor-without-a-distribution"],
 )
 def test_add_request_rejects_requests_that_cannot_run(request_id, prompt, params, match) -> None:
     engine = make_engine()
@@ -345,3 +348,42 @@ def test_a_step_whose_executor_returns_too_few_tokens_fails_like_a_raising_one()
         engine.step()
 
     assert info.value.request_ids == ["a"] and engine.block_manager.num_cached_blocks == 0
+
+
+class LogprobsFakeExecutor(PagedFakeExecutor):
+    """The paged fake with a made-up distribution: the sampled token at -0.5, its successor at -1.5."""
+
+    computes_logprobs = True
+
+    def execute(self, batch):
+        tokens = super().execute(batch)
+        for chunk, token in zip([c for c in batch.chunks if c.sampling is not None], tokens):
+            if chunk.sampling.logprobs is not None:
+                top = [token, (token + 1) % VOCAB_SIZE][:chunk.sampling.logprobs]
+                chunk.logprobs = TokenLogprobs(-0.5, top, [-0.5, -1.5][:len(top)])
+        return tokens
+
+
+def test_each_output_carries_the_logprobs_of_its_new_token_only_when_asked():
+    engine = make_engine(LogprobsFakeExecutor())
+    engine.add_request("asked", [3, 1, 4], SamplingParams(max_tokens=4, logprobs=1))
+    engine.add_request("not-asked", [2, 7], SamplingParams(max_tokens=4))
+
+    outputs = run_to_completion(engine)
+
+    asked = outputs["asked"]
+    assert [[entry.top_token_ids for entry in o.new_logprobs] for o in asked] == [[o.new_token_ids] for o in asked]
+    assert [o.new_logprobs for o in outputs["not-asked"]] == [None] * 4
+
+
+def test_a_step_whose_executor_leaves_out_asked_logprobs_fails_like_a_raising_one():
+    class Forgetful(PagedFakeExecutor):
+        computes_logprobs = True
+
+    engine = make_engine(Forgetful())
+    engine.add_request("a", [3, 1, 4, 1, 5], SamplingParams(max_tokens=2, logprobs=2))
+
+    with pytest.raises(StepFailed, match="step failed") as info:
+        engine.step()
+
+    assert info.value.request_ids == ["a"] and "no logprobs" in str(info.value.cause)

@@ -54,7 +54,12 @@ UNSUPPORTED = [
     ("echo-on-chat", parse_chat, chat(echo=True), "echo"),
     ("echo-on-completions", parse_completion, completion(echo=True), "echo"),
     ("logit-bias", parse_chat, chat(logit_bias={"5": 10}), "logit_bias"),
-    ("logprobs", parse_chat, chat(logprobs=True), "logprobs"),
+    ("chat-logprobs-not-bool", parse_chat, chat(logprobs=2), "logprobs"),
+    ("top-logprobs-without-logprobs", parse_chat, chat(top_logprobs=2), "top_logprobs"),
+    ("top-logprobs-past-the-bound", parse_chat, chat(logprobs=True, top_logprobs=21), "top_logprobs"),
+    ("top-logprobs-negative", parse_chat, chat(logprobs=True, top_logprobs=-1), "top_logprobs"),
+    ("completion-logprobs-bool", parse_completion, completion(logprobs=True), "logprobs"),
+    ("completion-logprobs-past-the-bound", parse_completion, completion(logprobs=21), "logprobs"),
     ("presence-penalty", parse_chat, chat(presence_penalty=0.5), "presence_penalty"),
     ("stream-options-without-stream", parse_chat, chat(stream_options={"include_usage": True}), "stream_options"),
     ("empty-stream-options-without-stream", parse_completion, completion(stream_options={}), "stream_options"),
@@ -94,6 +99,7 @@ NO_OPS = [
     ("beam-search-off", parse_chat, chat(use_beam_search=False, echo=False)),
     ("stream-options-with-stream", parse_chat, chat(stream=True, stream_options={"include_usage": True})),
     ("unknown-field", parse_chat, chat(foo_bar={"anything": 1})),
+    ("logprobs-off", parse_chat, chat(logprobs=False, top_logprobs=0)),
     ("unknown-field-completions", parse_completion, completion(foo_bar=[1, 2])),
 ]
 
@@ -101,6 +107,21 @@ NO_OPS = [
 @pytest.mark.parametrize(("parse", "body"), [c[1:] for c in NO_OPS], ids=[c[0] for c in NO_OPS])
 def test_values_that_ask_for_nothing_and_unknown_fields_are_accepted(parse, body):
     assert parse(body).model == "tiny"
+
+
+@pytest.mark.parametrize(("parse", "body", "expected"), [
+    (parse_chat, chat(), None),
+    (parse_chat, chat(logprobs=False), None),
+    (parse_chat, chat(logprobs=True), 0),
+    (parse_chat, chat(logprobs=True, top_logprobs=20), 20),
+    (parse_completion, completion(), None),
+    (parse_completion, completion(logprobs=0), 0),
+    (parse_completion, completion(logprobs=5), 5),
+    (parse_completion, completion(top_logprobs=3), None),  # not a completions field: ignored, as vLLM does
+], ids=["chat-none", "chat-off", "chat-own-only", "chat-top-20", "completion-none", "completion-own-only",
+        "completion-top-5", "completion-top-logprobs-ignored"])
+def test_logprobs_are_asked_as_each_endpoint_asks_them(parse, body, expected):
+    assert parse(body).sampling.logprobs == expected
 
 
 def test_max_completion_tokens_zero_is_named_in_the_error():

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from worker.engine.sampling_params import SamplingParams
-from worker.executor.sampler import Sampler, apply_top_k_top_p, seed_for
+from worker.executor.base import SeqChunk
+from worker.executor.sampler import Sampler, apply_top_k_top_p, attach_logprobs, seed_for
 
 VOCAB = 50
 
@@ -89,3 +90,32 @@ def test_temperature_sharpens_or_flattens_the_distribution(temperature, expected
 def test_mismatched_lengths_are_rejected():
     with pytest.raises(ValueError, match="one SamplingParams"):
         Sampler().sample(random_logits(2), [SamplingParams()], [0])
+
+
+def sampling_chunk(params: SamplingParams | None) -> SeqChunk:
+    return SeqChunk(seq_id=0, token_ids=[1], start_pos=0, block_table=[0], sampling=params)
+
+
+def test_logprobs_are_the_raw_logits_log_softmax_whatever_the_sampling():
+    logits = random_logits(3, seed=9)
+    chunks = [sampling_chunk(SamplingParams(temperature=0.0, logprobs=4)),
+              sampling_chunk(SamplingParams(temperature=0.3, top_k=2, logprobs=0)),
+              sampling_chunk(SamplingParams(temperature=1.0))]
+    tokens = [5, 17, 3]
+
+    attach_logprobs(logits, chunks, tokens)
+
+    expected = logits.log_softmax(-1)
+    first, second, third = (chunk.logprobs for chunk in chunks)
+    assert first.logprob == pytest.approx(expected[0, 5].item(), abs=1e-6)
+    assert first.top_token_ids == expected[0].topk(4).indices.tolist()
+    assert first.top_logprobs == pytest.approx(expected[0].topk(4).values.tolist(), abs=1e-6)
+    assert second.logprob == pytest.approx(expected[1, 17].item(), abs=1e-6)  # not the tempered distribution's
+    assert second.top_token_ids == [] and second.top_logprobs == []
+    assert third is None  # a request that asked for none gets none
+
+
+def test_rows_that_ask_for_no_logprobs_are_left_alone():
+    chunks = [sampling_chunk(SamplingParams())]
+    attach_logprobs(torch.full((1, VOCAB), float("nan")), chunks, [0])
+    assert chunks[0].logprobs is None

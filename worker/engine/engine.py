@@ -26,7 +26,7 @@ from worker.engine.events import KVEventSink
 from worker.engine.sampling_params import SamplingParams
 from worker.engine.scheduler import Scheduler, ScheduledSeq
 from worker.engine.sequence import FinishReason, Sequence
-from worker.executor.base import Executor
+from worker.executor.base import Executor, TokenLogprobs
 
 
 @dataclass(slots=True)
@@ -35,7 +35,8 @@ class RequestOutput:
     once built).
 
     new_token_ids / new_text are this step's delta (new_text is stop-string safe and may be ""
-    while text is held back); num_output_tokens counts the output tokens so far, and
+    while text is held back); new_logprobs, one per new token, when the request asked for logprobs
+    (else None: an abort's output has none either); num_output_tokens counts the output tokens so far, and
     output_token_ids lists them (a copy, made when read: copying them at every step would cost a
     long answer the square of its length). finish_reason is "stop", "length" or "abort" once
     finished, else None.
@@ -50,6 +51,7 @@ class RequestOutput:
     num_cached_tokens: int
     num_output_tokens: int
     token_ids: list[int]  # the sequence's own prompt + output tokens, which only ever grow: read up to this step's
+    new_logprobs: list[TokenLogprobs] | None = None
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -139,6 +141,9 @@ class Engine:
         self._validate_prompt(prompt)
         if sampling_params.stop and self._tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
+        if sampling_params.logprobs is not None and not self.computes_logprobs:
+            raise ValueError(f"logprobs are not available from the {self._executor.name} executor: "
+                             "it computes no distribution over tokens")
         seq = Sequence(
             seq_id=self._next_seq_id,
             request_id=request_id,
@@ -187,6 +192,11 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    @property
+    def computes_logprobs(self) -> bool:
+        """Whether requests may ask for logprobs (executors that do not say they compute them do not)."""
+        return getattr(self._executor, "computes_logprobs", False)
+
     # ---- the loop ----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
@@ -194,17 +204,19 @@ class Engine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
-        sampling = [entry for entry in plan.scheduled if entry.samples]
+        sampling = [(entry, chunk) for entry, chunk in zip(plan.scheduled, plan.batch.chunks) if entry.samples]
         try:
             sampled = self._executor.execute(plan.batch)
             if len(sampled) != len(sampling):
                 raise RuntimeError(
                     f"executor returned {len(sampled)} tokens for {len(sampling)} sampling chunks"
                 )
+            if any(chunk.logprobs is None and chunk.sampling.logprobs is not None for _, chunk in sampling):
+                raise RuntimeError("executor returned no logprobs for a chunk that asked for them")
         except Exception as exc:
             raise StepFailed(self._end_step(plan.scheduled), exc) from exc
         self.scheduler.complete_step(plan)
-        return [self._postprocess(entry, token) for entry, token in zip(sampling, sampled)]
+        return [self._postprocess(entry, token, chunk.logprobs) for (entry, chunk), token in zip(sampling, sampled)]
 
     def _end_step(self, scheduled: list[ScheduledSeq]) -> list[str]:
         """End the requests of a step the executor failed (before complete_step); their ids."""
@@ -217,7 +229,7 @@ class Engine:
             request_ids.append(seq.request_id)
         return request_ids
 
-    def _postprocess(self, entry: ScheduledSeq, token_id: int) -> RequestOutput:
+    def _postprocess(self, entry: ScheduledSeq, token_id: int, logprobs: TokenLogprobs | None) -> RequestOutput:
         seq = entry.seq
         seq.append_token(token_id)
         self._num_generation_tokens += 1
@@ -229,7 +241,7 @@ class Engine:
             seq.finish_reason = reason
             self.scheduler.finish(seq)
             del self._requests[seq.request_id]
-        return self._output(seq, [token_id], text)
+        return self._output(seq, [token_id], text, None if logprobs is None else [logprobs])
 
     def _check_stop(
         self, seq: Sequence, token_id: int, detokenizer: IncrementalDetokenizer | None
@@ -256,7 +268,8 @@ class Engine:
             text += detokenizer.flush()
         return reason, text
 
-    def _output(self, seq: Sequence, new_token_ids: list[int], new_text: str) -> RequestOutput:
+    def _output(self, seq: Sequence, new_token_ids: list[int], new_text: str,
+                new_logprobs: list[TokenLogprobs] | None = None) -> RequestOutput:
         return RequestOutput(
             request_id=seq.request_id,
             new_token_ids=new_token_ids,
@@ -267,6 +280,7 @@ class Engine:
             num_cached_tokens=seq.num_cached_tokens,
             num_output_tokens=seq.num_output_tokens,
             token_ids=seq.token_ids,
+            new_logprobs=new_logprobs,
         )
 
     # ---- introspection -----------------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MAX_LOGPROBS = 20  # how many of the likeliest tokens a request may ask for at each position (OpenAI's bound)
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -12,6 +14,8 @@ class SamplingParams:
     temperature 0 means greedy. top_k None means no top-k cut; top_p 1.0 means no nucleus cut.
     seed makes sampling reproducible per request: the random draw for output token i depends
     only on (seed, i), so a preempted or failed-over request samples the same tokens again.
+    logprobs: report each sampled token's log-probability and those of the `logprobs` likeliest
+    tokens at its position (0: its own only); None: report none.
     """
 
     temperature: float = 1.0
@@ -23,6 +27,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -33,6 +38,8 @@ class SamplingParams:
             raise ValueError("top_k must be >= 1 or None")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}] or None")
 
     @property
     def is_greedy(self) -> bool:

@@ -13,6 +13,17 @@ from worker.engine.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)
+class TokenLogprobs:
+    """A sampled token's log-probability and the likeliest tokens' at its position, under the model's
+    own distribution: the log-softmax of the raw logits, before temperature, top-k and top-p (what vLLM
+    reports by default), so the figures do not depend on how the token was drawn."""
+
+    logprob: float
+    top_token_ids: list[int]  # the likeliest first, as many as the request asked
+    top_logprobs: list[float]
+
+
+@dataclass(slots=True)
 class SeqChunk:
     """One sequence's share of a step.
 
@@ -23,6 +34,9 @@ class SeqChunk:
     prompt (nothing is sampled); otherwise one token is sampled from the last position's logits,
     and sample_index is the number of output tokens the sequence has produced so far (the seed's
     random stream is indexed by it).
+
+    logprobs is the one field an executor writes: for a chunk whose sampling asks for logprobs, the
+    sampled token's (an executor whose computes_logprobs is false is never asked).
     """
 
     seq_id: int
@@ -31,6 +45,7 @@ class SeqChunk:
     block_table: list[int]
     sampling: SamplingParams | None = None
     sample_index: int = 0
+    logprobs: TokenLogprobs | None = None
 
 
 @dataclass(slots=True)
@@ -50,6 +65,7 @@ class Executor(Protocol):
     num_blocks: int
     max_model_len: int
     vocab_size: int  # rows of the model's embedding: token ids it accepts are below this
+    computes_logprobs: bool  # whether it has a distribution to report (the sim executor has none)
 
     def execute(self, batch: StepBatch) -> list[int]:
         """Run the batch; return one sampled token id per chunk whose sampling is set, in order."""

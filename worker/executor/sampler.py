@@ -1,4 +1,5 @@
-"""Pick one token per row of logits: greedy, or temperature / top-k / top-p sampling.
+"""Pick one token per row of logits: greedy, or temperature / top-k / top-p sampling; and the
+log-probabilities a request asks for beside its token (attach_logprobs).
 
 Sampling draws Exponential(1) noise E and picks argmax(p / E) (an exact sample from p). With a
 seed, the noise for output token i comes from a generator seeded by hash(seed, i) alone, so a
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from worker.engine.sampling_params import SamplingParams
+from worker.executor.base import SeqChunk, TokenLogprobs
 
 
 def seed_for(seed: int, sample_index: int) -> int:
@@ -76,3 +78,20 @@ class Sampler:
         generator = torch.Generator(device="cpu").manual_seed(seed_for(seed, sample_index))
         # CPU noise: the same (seed, index) draws the same token on CPU and CUDA workers.
         return torch.empty(probs.shape, dtype=torch.float32).exponential_(generator=generator).to(probs.device)
+
+
+def attach_logprobs(logits: torch.Tensor, chunks: Sequence[SeqChunk], tokens: Sequence[int]) -> None:
+    """Set chunk.logprobs for each chunk whose sampling asks for them; logits [N, V] and tokens are
+    the sampling chunks', in order. One log-softmax over the rows that ask, in fp32, on the logits as
+    the model gave them (before temperature, top-k and top-p)."""
+    rows = [row for row, chunk in enumerate(chunks)
+            if chunk.sampling is not None and chunk.sampling.logprobs is not None]
+    if not rows:
+        return
+    log_probs = logits[rows].to(torch.float32).log_softmax(-1)
+    chosen = log_probs.gather(1, torch.tensor([[tokens[row]] for row in rows], device=log_probs.device))
+    top = log_probs.topk(max(chunks[row].sampling.logprobs for row in rows), dim=-1)
+    for row, logprob, top_ids, top_values in zip(rows, chosen.squeeze(1).tolist(), top.indices.tolist(),
+                                                 top.values.tolist()):
+        asked = chunks[row].sampling.logprobs
+        chunks[row].logprobs = TokenLogprobs(logprob, top_ids[:asked], top_values[:asked])

@@ -125,6 +125,7 @@ class SimExecutor:
     """
 
     name = "sim"
+    computes_logprobs = False  # its tokens come from a hash, not a distribution
 
     def __init__(
         self,

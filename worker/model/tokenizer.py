@@ -1,13 +1,15 @@
-"""ModelTokenizer: the folder's tokenizer.json, its special token ids and its chat template (no torch)."""
+"""ModelTokenizer: the folder's tokenizer.json, its special token ids and its chat template; TokenBytes:
+the bytes each token stands for (no torch)."""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, decoders
 
 from kvgate.offload import encode_releasing_gil
 from worker.model.chat_template import render_chat_template
@@ -58,6 +60,50 @@ class ModelTokenizer:
             continue_final_message=continue_final_message,
             **{**dict(self.special_tokens), **variables},
         )
+
+
+class TokenBytes:
+    """The bytes one token stands for, alone: all of a character, or part of one that the next tokens
+    finish (what OpenAI's logprobs list as `bytes`, so that a client can join a reply's tokens back into
+    its text). Byte-level BPE (GPT-2's scheme, SmolLM2's) maps each byte to a printable character in the
+    vocabulary; byte-fallback vocabularies (SentencePiece's `<0xE2>`) name the byte; an added token, or a
+    token of any other scheme, is its decoded text. Kept per token id once asked."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._byte_level = isinstance(tokenizer.decoder, decoders.ByteLevel)
+        self._added = frozenset(tokenizer.get_added_tokens_decoder())
+        self._known: dict[int, bytes] = {}
+
+    def __call__(self, token_id: int) -> bytes:
+        known = self._known.get(token_id)
+        if known is None:
+            known = self._known[token_id] = self._bytes(token_id)
+        return known
+
+    def _bytes(self, token_id: int) -> bytes:
+        piece = self._tokenizer.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if token_id in self._added:
+            return piece.encode()
+        if self._byte_level and all(char in _BYTE_OF_CHAR for char in piece):
+            return bytes(_BYTE_OF_CHAR[char] for char in piece)
+        if (byte := _BYTE_FALLBACK.fullmatch(piece)) is not None:
+            return bytes([int(byte.group(1), 16)])
+        return self._tokenizer.decode([token_id], skip_special_tokens=False).encode()
+
+
+def _byte_level_chars() -> dict[str, int]:
+    """Byte-level BPE's character for each byte (GPT-2's bytes_to_unicode), as char -> byte: printable
+    Latin-1 bytes stand for themselves, the other 68 for code points from 256 up, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    others = [byte for byte in range(256) if byte not in printable]
+    return {**{chr(byte): byte for byte in printable}, **{chr(256 + i): byte for i, byte in enumerate(others)}}
+
+
+_BYTE_OF_CHAR = _byte_level_chars()
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 def load_tokenizer(model_dir: str | Path) -> ModelTokenizer:

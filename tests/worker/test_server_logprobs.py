@@ -1,0 +1,111 @@
+"""Logprobs as clients see them: the real `openai` SDK against a real worker process, chat (`logprobs`,
+`top_logprobs`) and completions (`logprobs: N`), streamed and not; a sim worker refuses them."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.processes import running_worker
+
+pytestmark = pytest.mark.slow  # every test runs against a worker process
+
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+GREEDY = {"model": "tiny", "temperature": 0, "max_tokens": 8, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def client(tiny_llama_dir):
+    with running_worker(tiny_llama_dir, "--block-size", "8", "--num-blocks", "128",
+                        "--served-model-name", "tiny") as url:
+        with openai.OpenAI(base_url=f"{url}/v1", api_key="unused") as c:
+            yield c
+
+
+def test_chat_logprobs_list_each_token_with_its_likeliest_alternatives(client):
+    result = client.chat.completions.create(messages=MESSAGES, logprobs=True, top_logprobs=3, **GREEDY)
+
+    content = result.choices[0].logprobs.content
+    assert len(content) == result.usage.completion_tokens == 8
+    # the bytes join back into the text, though this random model's tokens split characters (so some tokens
+    # read U+FFFD) and even put bytes together that are no UTF-8 (which the text shows as U+FFFD too)
+    joined = b"".join(bytes(entry.bytes) for entry in content)
+    assert joined.decode("utf-8", "replace") == result.choices[0].message.content
+    assert any("\ufffd" in entry.token for entry in content)
+    for entry in content:
+        assert entry.token == bytes(entry.bytes).decode("utf-8", "replace")
+        assert len(entry.top_logprobs) == 3
+        top_logprobs = [top.logprob for top in entry.top_logprobs]
+        assert top_logprobs == sorted(top_logprobs, reverse=True)
+        assert (entry.top_logprobs[0].token, entry.top_logprobs[0].logprob) == (entry.token, entry.logprob)  # greedy
+        assert entry.logprob <= 0
+
+
+def test_chat_logprobs_without_top_logprobs_list_no_alternatives(client):
+    result = client.chat.completions.create(messages=MESSAGES, logprobs=True, **GREEDY)
+    assert [entry.top_logprobs for entry in result.choices[0].logprobs.content] == [[]] * 8
+
+
+def test_a_chat_streamed_carries_each_tokens_logprobs_once_as_the_whole_answer_has_them(client):
+    whole = client.chat.completions.create(messages=MESSAGES, logprobs=True, top_logprobs=2, **GREEDY)
+
+    chunks = list(client.chat.completions.create(messages=MESSAGES, logprobs=True, top_logprobs=2, stream=True,
+                                                 **GREEDY))
+
+    streamed = [entry for chunk in chunks if chunk.choices and chunk.choices[0].logprobs
+                for entry in chunk.choices[0].logprobs.content]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in whole.choices[0].logprobs.content]
+
+
+def test_completion_logprobs_have_tokens_offsets_and_the_sampled_token_among_the_top(client):
+    result = client.completions.create(prompt="The quick brown fox", logprobs=2, **GREEDY)
+
+    choice = result.choices[0]
+    logprobs = choice.logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 8
+    assert logprobs.text_offset == [len("".join(logprobs.tokens[:i])) for i in range(8)]
+    for token, logprob, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+        assert top[token] == logprob and len(top) <= 3  # the 2 likeliest, and the sampled token (one of them here)
+        assert max(top.values()) == logprob  # greedy
+
+
+def test_a_completion_streamed_carries_the_same_logprobs_with_running_offsets(client):
+    whole = client.completions.create(prompt="The quick brown fox", logprobs=0, **GREEDY).choices[0].logprobs
+
+    chunks = list(client.completions.create(prompt="The quick brown fox", logprobs=0, stream=True, **GREEDY))
+
+    pieces = [chunk.choices[0].logprobs for chunk in chunks if chunk.choices and chunk.choices[0].logprobs]
+    for field in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        assert [value for piece in pieces for value in getattr(piece, field)] == getattr(whole, field)
+    assert all(len(top) == 1 for top in whole.top_logprobs)  # logprobs=0: the sampled token's own
+
+
+def test_sampled_tokens_logprobs_are_the_models_not_the_tempered_distributions(client):
+    args = {**GREEDY, "max_tokens": 1}
+    greedy = client.completions.create(prompt="Paged attention", logprobs=5, **args).choices[0].logprobs
+    hot = client.completions.create(prompt="Paged attention", logprobs=5, **{**args, "temperature": 2, "seed": 1})
+    (hot_top,), (greedy_top,) = hot.choices[0].logprobs.top_logprobs, greedy.top_logprobs
+    assert {token: hot_top[token] for token in greedy_top} == greedy_top  # and the sampled one's, if not among them
+    assert hot_top[hot.choices[0].logprobs.tokens[0]] == hot.choices[0].logprobs.token_logprobs[0]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("chat", {"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs"),
+    ("chat", {"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("completions", {"prompt": "hi", "logprobs": 21}, "logprobs"),
+], ids=["top-without-logprobs", "chat-past-the-bound", "completion-past-the-bound"])
+def test_logprobs_asked_wrongly_get_a_400_naming_the_field(client, path, body, param):
+    create = client.chat.completions.create if path == "chat" else client.completions.create
+    with pytest.raises(openai.BadRequestError) as info:
+        create(model="tiny", max_tokens=2, **body)
+    assert info.value.body["param"] == param
+
+
+def test_a_sim_worker_refuses_logprobs_with_a_400_before_any_work(tiny_llama_dir):
+    with running_worker(tiny_llama_dir, "--executor", "sim", "--served-model-name", "tiny", "--max-model-len", "512",
+                        "--block-size", "8") as url:
+        with openai.OpenAI(base_url=f"{url}/v1", api_key="unused") as sim:
+            with pytest.raises(openai.BadRequestError) as info:
+                sim.chat.completions.create(model="tiny", messages=MESSAGES, logprobs=True, stream=True, max_tokens=2)
+            assert info.value.body["param"] == "logprobs" and "sim executor" in info.value.body["message"]
+            assert sim.completions.create(model="tiny", prompt="hi", max_tokens=2).usage.completion_tokens == 2
