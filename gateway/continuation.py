@@ -9,8 +9,10 @@ from typing import Any
 
 # What a continuation through the completions endpoint keeps of the request: its sampling and
 # output options (a chat's messages, tools and template options are in the prompt's ids already).
+# min_tokens goes on less the tokens delivered, as max_tokens does. The presence and frequency
+# penalties count only the continuation's own output: the answer's first part is its prompt now.
 _CONTINUATION_FIELDS = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
-                        "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos", "min_tokens",
+                        "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "ignore_eos",
                         "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
                         "stream", "stream_options", "user")
 
@@ -31,8 +33,17 @@ def token_id_continuation(kind: str, request_body: dict[str, Any], token_ids: li
         if int(limit) - delivered_tokens < 1:
             return None
         body["max_tokens"] = int(limit) - delivered_tokens
+    _min_tokens_left(body, request_body, delivered_tokens)
     body["prompt"] = token_ids
     return body
+
+
+def _min_tokens_left(body: dict[str, Any], request_body: dict[str, Any], delivered_tokens: int) -> None:
+    """min_tokens less the tokens already delivered (absent once they are reached)."""
+    body.pop("min_tokens", None)
+    wanted = request_body.get("min_tokens")
+    if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted > delivered_tokens:
+        body["min_tokens"] = wanted - delivered_tokens
 
 
 def text_continuation(kind: str, request_body: dict[str, Any], delivered_text: str, delivered_tokens: int,
@@ -46,6 +57,7 @@ def text_continuation(kind: str, request_body: dict[str, Any], delivered_text: s
             if remaining < 1:
                 return None
             body[key] = remaining
+    _min_tokens_left(body, request_body, delivered_tokens)
     if kind == "completion":
         prompt = body["prompt"]
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):

@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from kvgate.api_error import ApiError
-from worker.engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from worker.engine.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_PENALTY, SamplingParams
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
+MAX_LOGIT_BIAS_TOKENS = 300  # OpenAI's bound on logit_bias entries
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +74,6 @@ def _empty(value: Any) -> bool:
 # Params this worker cannot honour: (accepts, what it accepts); only values that ask for nothing pass.
 _UNSUPPORTED_COMMON: dict[str, tuple[Callable[[Any], bool], str]] = {
     "best_of": (lambda v: v is None or (_is_int(v) and v == 1), "1"),
-    "logit_bias": (_empty, ""),
     "use_beam_search": (_off, ""),
     "guided_json": (_unset, ""),
     "guided_regex": (_unset, ""),
@@ -92,9 +92,6 @@ _UNSUPPORTED_CHAT: dict[str, tuple[Callable[[Any], bool], str]] = {
 _UNSUPPORTED_COMPLETION: dict[str, tuple[Callable[[Any], bool], str]] = {
     "suffix": (lambda v: v is None or v == "", ""),
 }
-# Numeric params whose only supported value is the one that changes nothing.
-_NEUTRAL_ONLY = (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0),
-                 ("min_tokens", 0.0))
 
 
 def parse_completion(data: dict[str, Any], header_priority: int | None = None) -> GenerateRequest:
@@ -130,9 +127,6 @@ def _build(data: dict[str, Any], kind: str, header_priority: int | None, *, defa
         raise ApiError(400, "only n=1 is supported", param="n")
     _reject_unsupported(data, _UNSUPPORTED_COMMON)
     _check_response_format(data.get("response_format"))
-    for param, neutral in _NEUTRAL_ONLY:
-        if _get(data, param, float, neutral) != neutral:
-            raise ApiError(400, f"{param} is not supported (only {neutral:g})", param=param)
     max_tokens = _get(data, max_tokens_param, int, None)
     if max_tokens is not None and max_tokens < 1:
         raise ApiError(400, f"{max_tokens_param} must be at least 1, got {max_tokens}", param=max_tokens_param)
@@ -147,7 +141,7 @@ def _build(data: dict[str, Any], kind: str, header_priority: int | None, *, defa
         prompt_text=prompt_text,
         prompt_token_ids=prompt_token_ids,
         messages=messages,
-        sampling=_sampling(data, max_tokens if max_tokens is not None else (default_max_tokens or 1), logprobs),
+        sampling=_sampling(data, max_tokens, default_max_tokens, max_tokens_param, logprobs),
         max_tokens_given=max_tokens is not None or default_max_tokens is not None,
         max_tokens_param=max_tokens_param,
         stream=stream,
@@ -199,7 +193,20 @@ def _num_logprobs(data: dict[str, Any], param: str) -> int | None:
     return number
 
 
-def _sampling(data: dict[str, Any], max_tokens: int, logprobs: int | None) -> SamplingParams:
+def _sampling(data: dict[str, Any], max_tokens: int | None, default_max_tokens: int | None, max_tokens_param: str,
+              logprobs: int | None) -> SamplingParams:
+    """The sampling params; without max_tokens (a chat's), max_tokens is a placeholder that
+    server._fit_context replaces with the room the prompt leaves (checking min_tokens against it)."""
+    min_tokens = _get(data, "min_tokens", int, 0)
+    if min_tokens < 0:
+        raise ApiError(400, f"min_tokens must be >= 0, got {min_tokens}", param="min_tokens")
+    if max_tokens is None:
+        max_tokens = default_max_tokens
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise ApiError(400, f"min_tokens ({min_tokens}) must be at most {max_tokens_param} ({max_tokens})",
+                       param="min_tokens")
+    if max_tokens is None:
+        max_tokens = max(1, min_tokens)
     temperature = _get(data, "temperature", float, 1.0)
     top_p = _get(data, "top_p", float, 1.0)
     top_k = _get(data, "top_k", int, None)
@@ -211,6 +218,13 @@ def _sampling(data: dict[str, Any], max_tokens: int, logprobs: int | None) -> Sa
         top_k = None  # vLLM: 0 / -1 mean "no top-k"
     if top_k is not None and top_k < 1:
         raise ApiError(400, f"top_k must be >= 1 (or -1 to disable), got {top_k}", param="top_k")
+    penalties = {param: _get(data, param, float, 0.0) for param in ("presence_penalty", "frequency_penalty")}
+    for param, value in penalties.items():
+        if not -MAX_PENALTY <= value <= MAX_PENALTY:
+            raise ApiError(400, f"{param} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value}", param=param)
+    repetition_penalty = _get(data, "repetition_penalty", float, 1.0)
+    if not repetition_penalty > 0:
+        raise ApiError(400, f"repetition_penalty must be > 0, got {repetition_penalty}", param="repetition_penalty")
     return SamplingParams(
         temperature=temperature,
         top_p=top_p,
@@ -222,7 +236,30 @@ def _sampling(data: dict[str, Any], max_tokens: int, logprobs: int | None) -> Sa
         ignore_eos=_get(data, "ignore_eos", bool, False),
         include_stop_str_in_output=_get(data, "include_stop_str_in_output", bool, False),
         logprobs=logprobs,
+        repetition_penalty=repetition_penalty,
+        min_tokens=min_tokens,
+        logit_bias=_logit_bias(data.get("logit_bias")),
+        **penalties,
     )
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's map of token ids (as strings) to a bias in [-100, 100], at most MAX_LOGIT_BIAS_TOKENS of
+    them (the server checks each id against the model's vocabulary)."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ApiError(400, "logit_bias must be an object mapping token ids to biases", param="logit_bias")
+    if len(value) > MAX_LOGIT_BIAS_TOKENS:
+        raise ApiError(400, f"logit_bias must have at most {MAX_LOGIT_BIAS_TOKENS} entries", param="logit_bias")
+    biases = []
+    for key, bias in value.items():
+        in_range = _CHECKS[float](bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS
+        if not (key.isascii() and key.isdigit() and in_range):
+            raise ApiError(400, f"logit_bias maps token ids to biases in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]; "
+                           f"got {json.dumps({key: bias})[:60]}", param="logit_bias")
+        biases.append((int(key), float(bias)))
+    return tuple(biases)
 
 
 def _stop_strings(stop: Any) -> tuple[str, ...]:

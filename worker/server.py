@@ -173,6 +173,9 @@ def _prepare(state: WorkerState, raw: bytes, kind: str, header_priority: int | N
     if req.sampling.logprobs is not None and not state.computes_logprobs:
         raise ApiError(400, f"logprobs are not available from this worker's {state.executor_name} executor: it "
                        "computes no distribution over tokens", param="logprobs")
+    if any(token >= state.num_token_ids for token, _ in req.sampling.logit_bias):
+        raise ApiError(400, f"logit_bias token ids must be < {state.num_token_ids} (the model's vocabulary size)",
+                       param="logit_bias")
     prompt_ids = _prompt_token_ids(state, req)
     return _fit_context(state, req, len(prompt_ids)), prompt_ids
 
@@ -226,6 +229,10 @@ def _fit_context(state: WorkerState, req: GenerateRequest, num_prompt_tokens: in
                        f"your prompt has {num_prompt_tokens} tokens.",
                        param="messages" if req.kind == "chat" else "prompt", code="context_length_exceeded")
     if not req.max_tokens_given:
+        if req.sampling.min_tokens > room:
+            raise ApiError(400, f"This model's maximum context length is {state.max_model_len} tokens. However, "
+                           f"your prompt has {num_prompt_tokens} tokens and you asked for min_tokens "
+                           f"{req.sampling.min_tokens}.", param="min_tokens", code="context_length_exceeded")
         return dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, max_tokens=room))
     if req.sampling.max_tokens > room:
         raise ApiError(400, f"This model's maximum context length is {state.max_model_len} tokens. However, you "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.continuation import token_id_continuation
+from gateway.continuation import text_continuation, token_id_continuation
 
 
 def _chat_request(**body):
@@ -30,3 +30,19 @@ def test_logprobs_are_asked_as_completions_ask_them():
     completion = token_id_continuation("completion", {"model": "m", "prompt": "a", "logprobs": 2}, [1, 7],
                                        delivered_tokens=1)
     assert completion["logprobs"] == 2
+
+
+def test_min_tokens_go_on_less_the_tokens_delivered_and_logit_bias_goes_on_as_it_was():
+    request = _chat_request(min_tokens=5, logit_bias={"7": -100}, max_tokens=20)
+    body = token_id_continuation("chat", request, [1, 2, 3], delivered_tokens=2)
+    assert (body["min_tokens"], body["logit_bias"], body["max_tokens"]) == (3, {"7": -100}, 18)
+    assert "min_tokens" not in token_id_continuation("chat", request, [1, 2, 3, 4, 5, 6], delivered_tokens=5)
+
+
+def test_a_text_continuation_also_asks_only_for_the_min_tokens_left():
+    request = {"model": "m", "prompt": "Once", "min_tokens": 4, "max_tokens": 9}
+    body = text_continuation("completion", request, " upon", delivered_tokens=1, encode=None)
+    assert (body["prompt"], body["min_tokens"], body["max_tokens"]) == ("Once upon", 3, 8)
+    assert request["min_tokens"] == 4  # the client's request is left as it was
+    done = text_continuation("completion", request, " upon a time", delivered_tokens=4, encode=None)
+    assert "min_tokens" not in done

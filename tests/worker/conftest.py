@@ -45,13 +45,14 @@ def hf_model(model_dir: Path):
     return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
-def hf_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """transformers' generate(do_sample=False) output tokens (EOS does not stop it)."""
+def hf_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int, **generation) -> list[int]:
+    """transformers' generate(do_sample=False) output tokens (EOS does not stop it); generation: more
+    GenerationConfig settings (repetition_penalty, ...)."""
     import torch
     import transformers
 
     config = transformers.GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=0,
-                                           eos_token_id=[], pad_token_id=0)
+                                           eos_token_id=[], pad_token_id=0, **generation)
     with torch.no_grad():
         out = hf_model(model_dir).generate(torch.tensor([prompt_ids]), generation_config=config,
                                            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long))

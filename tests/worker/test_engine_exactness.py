@@ -192,3 +192,18 @@ def test_each_tokens_logprobs_are_transformers_log_softmax_at_its_position(tiny_
         torch.testing.assert_close(torch.tensor(entry.top_logprobs), top.values, atol=1e-4, rtol=0)
         if sampling.is_greedy:
             assert entry.top_token_ids[0] == output[i] and entry.logprob == entry.top_logprobs[0]
+
+
+def test_a_repetition_penalty_equals_transformers_generate_with_the_same_penalty(tiny_llama_dir):
+    """Both penalize every token of the prompt and of the output so far, dividing positive logits and
+    multiplying negative ones: greedy output is the same token for token."""
+    engine = Engine(TorchExecutor.from_pretrained(tiny_llama_dir, block_size=BLOCK_SIZE, num_blocks=256), None,
+                    EngineConfig(model_name="tiny-llama", block_size=BLOCK_SIZE))
+    prompts = {f"r{i}": prompt(n, seed=600 + i) for i, n in enumerate([6, 15])}
+    for request_id, ids in prompts.items():
+        engine.add_request(request_id, ids, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                                                           repetition_penalty=1.8))
+    outputs = {rid: out.output_token_ids for rid, out in run_to_completion(engine).items()}
+
+    assert outputs == {rid: hf_greedy(tiny_llama_dir, ids, 12, repetition_penalty=1.8) for rid, ids in prompts.items()}
+    assert outputs != {rid: hf_greedy(tiny_llama_dir, ids, 12) for rid, ids in prompts.items()}  # it did change them

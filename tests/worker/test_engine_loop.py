@@ -387,3 +387,33 @@ def test_a_step_whose_executor_leaves_out_asked_logprobs_fails_like_a_raising_on
         engine.step()
 
     assert info.value.request_ids == ["a"] and "no logprobs" in str(info.value.cause)
+
+
+def test_under_min_tokens_the_stop_tokens_are_banned_and_then_free():
+    executor = PagedFakeExecutor()
+    engine = Engine(executor, None, EngineConfig(block_size=4), eos_token_ids=[EOS])
+    engine.add_request("r", PROMPT, SamplingParams(max_tokens=6, min_tokens=3, stop_token_ids=(7,)))
+    engine.add_request("plain", PROMPT, SamplingParams(max_tokens=6))
+
+    run_to_completion(engine)
+
+    r, plain = (executor.chunks_of(seq_id) for seq_id in (0, 1))
+    banned = [c.logits_context.banned_token_ids for c in r if c.sampling is not None]
+    assert banned == [(EOS, 7)] * 3 + [()] * 3  # drawing output tokens 1-3, then 4-6
+    assert all(c.logits_context.token_ids[:len(PROMPT)] == PROMPT for c in r if c.sampling is not None)
+    assert all(c.logits_context is None for c in plain)  # nothing adjusts its logits
+
+
+@pytest.mark.parametrize(("min_tokens", "expected_tokens"), [(0, 7), (5, 7), (6, 12)])
+def test_stop_strings_do_not_match_before_min_tokens(min_tokens: int, expected_tokens: int) -> None:
+    tokenizer = letters_tokenizer()
+    full_text = tokenizer.decode(GENERATED)
+    stop = full_text[4:7]  # completed by the 7th token
+    assert full_text.find(stop, 5) == -1  # and nowhere later
+    engine = make_engine(tokenizer=tokenizer)
+    engine.add_request("r", PROMPT, SamplingParams(max_tokens=12, stop=(stop,), min_tokens=min_tokens))
+
+    outputs = run_to_completion(engine)["r"]
+
+    assert len(final(outputs).output_token_ids) == expected_tokens
+    assert "".join(o.new_text for o in outputs) == (full_text[:4] if expected_tokens == 7 else full_text)

@@ -48,19 +48,29 @@ UNSUPPORTED = [
     ("guided-choice", parse_chat, chat(guided_choice=["yes", "no"]), "guided_choice"),
     ("guided-grammar", parse_chat, chat(guided_grammar="root ::= 'a'"), "guided_grammar"),
     ("structured-outputs", parse_chat, chat(structured_outputs={"choice": ["a"]}), "structured_outputs"),
-    ("repetition-penalty", parse_chat, chat(repetition_penalty=1.2), "repetition_penalty"),
-    ("min-tokens", parse_completion, completion(min_tokens=3), "min_tokens"),
+    ("repetition-penalty-zero", parse_chat, chat(repetition_penalty=0), "repetition_penalty"),
+    ("min-tokens-negative", parse_completion, completion(min_tokens=-1), "min_tokens"),
+    ("min-tokens-past-max-tokens", parse_completion, completion(min_tokens=5, max_tokens=4), "min_tokens"),
+    ("min-tokens-past-the-default-max-tokens", parse_completion, completion(min_tokens=17), "min_tokens"),
+    ("min-tokens-float", parse_chat, chat(min_tokens=2.0), "min_tokens"),
     ("use-beam-search", parse_chat, chat(use_beam_search=True), "use_beam_search"),
     ("echo-on-chat", parse_chat, chat(echo=True), "echo"),
     ("echo-on-completions", parse_completion, completion(echo=True), "echo"),
-    ("logit-bias", parse_chat, chat(logit_bias={"5": 10}), "logit_bias"),
+    ("logit-bias-not-object", parse_chat, chat(logit_bias=[5, 10]), "logit_bias"),
+    ("logit-bias-key-not-an-id", parse_chat, chat(logit_bias={"five": 10}), "logit_bias"),
+    ("logit-bias-negative-id", parse_chat, chat(logit_bias={"-5": 10}), "logit_bias"),
+    ("logit-bias-past-100", parse_chat, chat(logit_bias={"5": 101}), "logit_bias"),
+    ("logit-bias-not-a-number", parse_chat, chat(logit_bias={"5": "10"}), "logit_bias"),
+    ("logit-bias-too-many", parse_chat, chat(logit_bias={str(i): 1 for i in range(301)}), "logit_bias"),
     ("chat-logprobs-not-bool", parse_chat, chat(logprobs=2), "logprobs"),
     ("top-logprobs-without-logprobs", parse_chat, chat(top_logprobs=2), "top_logprobs"),
     ("top-logprobs-past-the-bound", parse_chat, chat(logprobs=True, top_logprobs=21), "top_logprobs"),
     ("top-logprobs-negative", parse_chat, chat(logprobs=True, top_logprobs=-1), "top_logprobs"),
     ("completion-logprobs-bool", parse_completion, completion(logprobs=True), "logprobs"),
     ("completion-logprobs-past-the-bound", parse_completion, completion(logprobs=21), "logprobs"),
-    ("presence-penalty", parse_chat, chat(presence_penalty=0.5), "presence_penalty"),
+    ("presence-penalty-past-2", parse_chat, chat(presence_penalty=2.5), "presence_penalty"),
+    ("frequency-penalty-past-minus-2", parse_completion, completion(frequency_penalty=-2.01), "frequency_penalty"),
+    ("frequency-penalty-string", parse_completion, completion(frequency_penalty="1"), "frequency_penalty"),
     ("stream-options-without-stream", parse_chat, chat(stream_options={"include_usage": True}), "stream_options"),
     ("empty-stream-options-without-stream", parse_completion, completion(stream_options={}), "stream_options"),
     ("stream-options-stream-false", parse_chat, chat(stream=False, stream_options={}), "stream_options"),
@@ -107,6 +117,15 @@ NO_OPS = [
 @pytest.mark.parametrize(("parse", "body"), [c[1:] for c in NO_OPS], ids=[c[0] for c in NO_OPS])
 def test_values_that_ask_for_nothing_and_unknown_fields_are_accepted(parse, body):
     assert parse(body).model == "tiny"
+
+
+def test_penalties_min_tokens_and_logit_bias_reach_the_sampling_params():
+    sampling = parse_chat(chat(presence_penalty=0.5, frequency_penalty=-1, repetition_penalty=1.3, min_tokens=4,
+                               logit_bias={"7": -100, "11": 2.5})).sampling
+    assert (sampling.presence_penalty, sampling.frequency_penalty, sampling.repetition_penalty) == (0.5, -1.0, 1.3)
+    assert sampling.min_tokens == 4 and sampling.logit_bias == ((7, -100.0), (11, 2.5))
+    assert sampling.adjusts_logits and not parse_chat(chat(presence_penalty=0, logit_bias={})).sampling.adjusts_logits
+    assert parse_chat(chat(min_tokens=40)).sampling.max_tokens == 40  # a placeholder until the room is known
 
 
 @pytest.mark.parametrize(("parse", "body", "expected"), [

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from worker.engine.sampling_params import SamplingParams
-from worker.executor.base import SeqChunk
-from worker.executor.sampler import Sampler, apply_top_k_top_p, attach_logprobs, seed_for
+from worker.executor.base import LogitsContext, SeqChunk
+from worker.executor.sampler import Sampler, adjust_logits, apply_top_k_top_p, attach_logprobs, seed_for
 
 VOCAB = 50
 
@@ -119,3 +119,54 @@ def test_rows_that_ask_for_no_logprobs_are_left_alone():
     chunks = [sampling_chunk(SamplingParams())]
     attach_logprobs(torch.full((1, VOCAB), float("nan")), chunks, [0])
     assert chunks[0].logprobs is None
+
+
+def adjusted_chunk(params: SamplingParams, token_ids: list[int], num_prompt_tokens: int,
+                   banned: tuple[int, ...] = ()) -> SeqChunk:
+    chunk = sampling_chunk(params)
+    chunk.logits_context = LogitsContext(token_ids, num_prompt_tokens, banned)
+    return chunk
+
+
+def test_penalties_bias_and_bans_change_the_logits_as_vllm_defines_them():
+    logits = random_logits(1, seed=11)
+    params = SamplingParams(repetition_penalty=1.5, frequency_penalty=0.5, presence_penalty=0.25,
+                            logit_bias=((3, 2.0), (4, -1.0)), min_tokens=1)
+    prompt, output = [3, 9, 9], [9, 12, 12, 12]
+    chunk = adjusted_chunk(params, prompt + output, len(prompt), banned=(0,))
+
+    (adjusted,) = adjust_logits(logits, [chunk])
+
+    expected = logits[0].clone()
+    expected[3] += 2.0
+    expected[4] -= 1.0
+    expected[0] = float("-inf")
+    for token in {3, 9, 12}:  # repetition: every token of the prompt or the output
+        expected[token] = expected[token] / 1.5 if expected[token] > 0 else expected[token] * 1.5
+    for token, count in {9: 1, 12: 3}.items():  # frequency and presence: the output's tokens only
+        expected[token] -= 0.5 * count + 0.25
+    torch.testing.assert_close(adjusted, expected)
+
+
+def test_rows_without_adjustments_keep_their_logits_and_the_input_is_not_changed():
+    logits = random_logits(2, seed=12)
+    before = logits.clone()
+    chunks = [sampling_chunk(SamplingParams()),
+              adjusted_chunk(SamplingParams(frequency_penalty=1.0), [1, 2, 2], num_prompt_tokens=1)]
+
+    adjusted = adjust_logits(logits, chunks)
+
+    torch.testing.assert_close(logits, before)
+    torch.testing.assert_close(adjusted[0], before[0])
+    assert adjusted[1, 2] == before[1, 2] - 2.0 and adjusted[1, 1] == before[1, 1]
+    assert adjust_logits(logits, chunks[:1]) is logits  # nothing to change: no copy
+
+
+def test_a_banned_token_is_never_drawn_greedy_or_sampled():
+    logits = random_logits(1, seed=13)
+    best = int(logits.argmax())
+    for params in (SamplingParams(temperature=0.0, min_tokens=1),
+                   SamplingParams(temperature=1.0, seed=5, min_tokens=1)):
+        chunk = adjusted_chunk(params, [1], 1, banned=(best,))
+        tokens = [Sampler().sample(adjust_logits(logits, [chunk]), [params], [i])[0] for i in range(20)]
+        assert best not in tokens

@@ -57,15 +57,16 @@ class IncrementalDetokenizer:
     def stopped(self) -> bool:
         return self.matched_stop is not None
 
-    def add_token(self, token_id: int) -> str:
-        """Feed one output token; return the text that became safe to emit (maybe "")."""
+    def add_token(self, token_id: int, *, stops: bool = True) -> str:
+        """Feed one output token; return the text that became safe to emit (maybe ""). stops=False:
+        no stop string may match in this token's text (a request short of its min_tokens)."""
         if self.stopped:
             return ""
         self._tokens.append(token_id)
         new_text = self._decode_new(allow_partial=False)
         if not new_text:
             return ""
-        return self._emit_safe(new_text)
+        return self._emit_safe(new_text) if stops else self._emit(new_text)
 
     def flush(self) -> str:
         """At the end of the request: emit whatever is still held back or pending."""

@@ -26,7 +26,7 @@ from worker.engine.events import KVEventSink
 from worker.engine.sampling_params import SamplingParams
 from worker.engine.scheduler import Scheduler, ScheduledSeq
 from worker.engine.sequence import FinishReason, Sequence
-from worker.executor.base import Executor, TokenLogprobs
+from worker.executor.base import Executor, LogitsContext, TokenLogprobs
 
 
 @dataclass(slots=True)
@@ -205,6 +205,9 @@ class Engine:
         if plan.is_empty:
             return []
         sampling = [(entry, chunk) for entry, chunk in zip(plan.scheduled, plan.batch.chunks) if entry.samples]
+        for entry, chunk in sampling:
+            if chunk.sampling.adjusts_logits:
+                chunk.logits_context = self._logits_context(entry.seq)
         try:
             sampled = self._executor.execute(plan.batch)
             if len(sampled) != len(sampling):
@@ -217,6 +220,15 @@ class Engine:
             raise StepFailed(self._end_step(plan.scheduled), exc) from exc
         self.scheduler.complete_step(plan)
         return [self._postprocess(entry, token, chunk.logprobs) for (entry, chunk), token in zip(sampling, sampled)]
+
+    def _logits_context(self, seq: Sequence) -> LogitsContext:
+        """The sequence's tokens for its penalties; under min_tokens, the stop tokens it may not draw yet."""
+        params = seq.sampling_params
+        banned: tuple[int, ...] = ()
+        if seq.num_output_tokens < params.min_tokens:
+            eos = () if params.ignore_eos else tuple(self._eos_token_ids)
+            banned = tuple(dict.fromkeys((*eos, *params.stop_token_ids)))
+        return LogitsContext(seq.token_ids, seq.num_prompt_tokens, banned)
 
     def _end_step(self, scheduled: list[ScheduledSeq]) -> list[str]:
         """End the requests of a step the executor failed (before complete_step); their ids."""
@@ -250,7 +262,10 @@ class Engine:
         params = seq.sampling_params
         reason: FinishReason | None = None
         text = ""
-        if not params.ignore_eos and token_id in self._eos_token_ids:
+        if seq.num_output_tokens < params.min_tokens:  # not yet: no stop token or string ends it (as vLLM)
+            if detokenizer is not None:
+                text = detokenizer.add_token(token_id, stops=False)
+        elif not params.ignore_eos and token_id in self._eos_token_ids:
             reason = FinishReason.STOP
         elif token_id in params.stop_token_ids:
             reason = FinishReason.STOP

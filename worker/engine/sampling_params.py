@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20  # how many of the likeliest tokens a request may ask for at each position (OpenAI's bound)
+MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-MAX_PENALTY, MAX_PENALTY] (OpenAI's bounds)
+MAX_LOGIT_BIAS = 100.0  # a logit bias lies in [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS] (OpenAI's bounds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +18,13 @@ class SamplingParams:
     only on (seed, i), so a preempted or failed-over request samples the same tokens again.
     logprobs: report each sampled token's log-probability and those of the `logprobs` likeliest
     tokens at its position (0: its own only); None: report none.
+
+    What changes the logits before a token is drawn, in vLLM's order and with its meanings:
+    logit_bias adds to given tokens' logits; min_tokens keeps the stop tokens (EOS unless ignore_eos,
+    stop_token_ids) from being drawn, and stop strings from matching, until that many tokens are out;
+    repetition_penalty divides the positive logits (multiplies the negative ones) of every token in
+    the prompt or the output so far; frequency_penalty subtracts itself once per time a token is in the
+    output so far, presence_penalty once if it is there at all.
     """
 
     temperature: float = 1.0
@@ -28,6 +37,13 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
+    # whether anything above changes the logits before a token is drawn (set once: read every step)
+    adjusts_logits: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -40,6 +56,18 @@ class SamplingParams:
             raise ValueError("max_tokens must be >= 1")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}] or None")
+        if not (-MAX_PENALTY <= self.presence_penalty <= MAX_PENALTY
+                and -MAX_PENALTY <= self.frequency_penalty <= MAX_PENALTY):
+            raise ValueError(f"presence_penalty and frequency_penalty must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}]")
+        if not self.repetition_penalty > 0:
+            raise ValueError("repetition_penalty must be > 0")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError("min_tokens must be in [0, max_tokens]")
+        if any(token < 0 or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS for token, bias in self.logit_bias):
+            raise ValueError(f"logit_bias needs token ids >= 0 and biases in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
+        object.__setattr__(self, "adjusts_logits", bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.min_tokens
+            or self.logit_bias))
 
     @property
     def is_greedy(self) -> bool:

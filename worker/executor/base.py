@@ -24,6 +24,17 @@ class TokenLogprobs:
 
 
 @dataclass(slots=True)
+class LogitsContext:
+    """What a chunk's sampling needs from its sequence when its params adjust the logits (penalties,
+    min_tokens, logit_bias): the sequence's tokens, prompt then output so far (the engine's own list,
+    not changed during the step), and the tokens that may not be drawn yet."""
+
+    token_ids: list[int]
+    num_prompt_tokens: int
+    banned_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
 class SeqChunk:
     """One sequence's share of a step.
 
@@ -35,8 +46,9 @@ class SeqChunk:
     and sample_index is the number of output tokens the sequence has produced so far (the seed's
     random stream is indexed by it).
 
-    logprobs is the one field an executor writes: for a chunk whose sampling asks for logprobs, the
-    sampled token's (an executor whose computes_logprobs is false is never asked).
+    logits_context is set, by the engine, on a chunk whose sampling adjusts the logits. logprobs is
+    the one field an executor writes: for a chunk whose sampling asks for logprobs, the sampled
+    token's (an executor whose computes_logprobs is false is never asked).
     """
 
     seq_id: int
@@ -45,6 +57,7 @@ class SeqChunk:
     block_table: list[int]
     sampling: SamplingParams | None = None
     sample_index: int = 0
+    logits_context: LogitsContext | None = None
     logprobs: TokenLogprobs | None = None
 
 

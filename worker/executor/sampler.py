@@ -1,5 +1,6 @@
-"""Pick one token per row of logits: greedy, or temperature / top-k / top-p sampling; and the
-log-probabilities a request asks for beside its token (attach_logprobs).
+"""Pick one token per row of logits: greedy, or temperature / top-k / top-p sampling; before it, the
+logits a request's penalties, min_tokens and logit_bias change (adjust_logits); and the
+log-probabilities a request asks for beside its token (attach_logprobs: of the model's own logits).
 
 Sampling draws Exponential(1) noise E and picks argmax(p / E) (an exact sample from p). With a
 seed, the noise for output token i comes from a generator seeded by hash(seed, i) alone, so a
@@ -78,6 +79,36 @@ class Sampler:
         generator = torch.Generator(device="cpu").manual_seed(seed_for(seed, sample_index))
         # CPU noise: the same (seed, index) draws the same token on CPU and CUDA workers.
         return torch.empty(probs.shape, dtype=torch.float32).exponential_(generator=generator).to(probs.device)
+
+
+def adjust_logits(logits: torch.Tensor, chunks: Sequence[SeqChunk]) -> torch.Tensor:
+    """The logits [N, V] of the sampling chunks (in order) as each request's sampling params change
+    them (SamplingParams: logit_bias, then min_tokens' banned stop tokens, then the repetition,
+    frequency and presence penalties, as vLLM applies them); the same tensor when none does."""
+    rows = [row for row, chunk in enumerate(chunks) if chunk.logits_context is not None]
+    if not rows:
+        return logits
+    logits = logits.clone()
+    vocab = logits.shape[-1]
+    for row in rows:
+        params, context, scores = chunks[row].sampling, chunks[row].logits_context, logits[row]
+        biases = [(token, bias) for token, bias in params.logit_bias if token < vocab]
+        if biases:
+            scores[[token for token, _ in biases]] += torch.tensor([bias for _, bias in biases], dtype=scores.dtype,
+                                                                   device=scores.device)
+        if context.banned_token_ids:
+            scores[[token for token in context.banned_token_ids if token < vocab]] = float("-inf")
+        if params.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(context.token_ids)), device=scores.device)
+            seen = seen[seen < vocab]
+            values = scores[seen]
+            scores[seen] = torch.where(values > 0, values / params.repetition_penalty,
+                                       values * params.repetition_penalty)
+        output = context.token_ids[context.num_prompt_tokens:]
+        if output and (params.frequency_penalty or params.presence_penalty):
+            counts = torch.bincount(torch.tensor(output), minlength=vocab)[:vocab].to(scores.device, scores.dtype)
+            scores -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(scores.dtype)
+    return logits
 
 
 def attach_logprobs(logits: torch.Tensor, chunks: Sequence[SeqChunk], tokens: Sequence[int]) -> None:

@@ -20,7 +20,7 @@ from worker.executor.cpu_attention import (CpuMixedAttention, CpuPagedDecodeAtte
                                            cpu_paged_attention_available)
 from worker.executor.cpu_linear import pack_linears, packing_available
 from worker.executor.kv_cache import KVCacheSpec, PagedKVCache, num_blocks_for_memory_fraction
-from worker.executor.sampler import Sampler, attach_logprobs
+from worker.executor.sampler import Sampler, adjust_logits, attach_logprobs
 from worker.executor.triton_attention import TritonPagedDecodeAttention, triton_available
 from worker.model.config import ModelConfig, load_model_config
 from worker.model.llama import LlamaForCausalLM
@@ -129,8 +129,9 @@ class TorchExecutor:
             return []
         logits = self.forward_logits(batch)
         sampling = [c for c in batch.chunks if c.sampling is not None]
-        tokens = self.sampler.sample(logits, [c.sampling for c in sampling], [c.sample_index for c in sampling])
-        attach_logprobs(logits, sampling, tokens)
+        tokens = self.sampler.sample(adjust_logits(logits, sampling), [c.sampling for c in sampling],
+                                     [c.sample_index for c in sampling])
+        attach_logprobs(logits, sampling, tokens)  # the model's own distribution, as vLLM reports it
         return tokens
 
     @torch.inference_mode()

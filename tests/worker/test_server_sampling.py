@@ -1,5 +1,6 @@
-"""Logprobs as clients see them: the real `openai` SDK against a real worker process, chat (`logprobs`,
-`top_logprobs`) and completions (`logprobs: N`), streamed and not; a sim worker refuses them."""
+"""Sampling options as clients see them, the real `openai` SDK against a real worker process: logprobs
+(a chat's `logprobs` and `top_logprobs`, a completion's `logprobs: N`, streamed and not; a sim worker
+refuses them), logit_bias, min_tokens and the penalties."""
 
 from __future__ import annotations
 
@@ -7,11 +8,18 @@ import openai
 import pytest
 
 from tests.processes import running_worker
+from worker.model.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.slow  # every test runs against a worker process
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 GREEDY = {"model": "tiny", "temperature": 0, "max_tokens": 8, "extra_body": {"ignore_eos": True}}
+WITH_IDS = {**GREEDY, "extra_body": {"ignore_eos": True, "return_token_ids": True}}
+
+
+@pytest.fixture(scope="module")
+def eos_id(tiny_llama_dir) -> int:
+    return load_tokenizer(tiny_llama_dir).eos_token_ids[0]
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +117,40 @@ def test_a_sim_worker_refuses_logprobs_with_a_400_before_any_work(tiny_llama_dir
                 sim.chat.completions.create(model="tiny", messages=MESSAGES, logprobs=True, stream=True, max_tokens=2)
             assert info.value.body["param"] == "logprobs" and "sim executor" in info.value.body["message"]
             assert sim.completions.create(model="tiny", prompt="hi", max_tokens=2).usage.completion_tokens == 2
+
+
+def token_ids(result) -> list[int]:
+    return result.choices[0].model_extra["token_ids"]
+
+
+def test_a_logit_bias_of_100_makes_its_token_the_answer(client):
+    result = client.completions.create(prompt="The quick brown fox", logit_bias={"42": 100}, **WITH_IDS)
+    assert token_ids(result) == [42] * 8
+
+
+def test_min_tokens_hold_off_an_eos_the_model_wants_at_once(client, eos_id):
+    args = dict(prompt="The quick brown fox", logit_bias={str(eos_id): 100}, model="tiny", temperature=0,
+                max_tokens=8)
+    assert client.completions.create(**args).usage.completion_tokens == 1
+    held = client.completions.create(**args, extra_body={"min_tokens": 3, "return_token_ids": True})
+    assert held.usage.completion_tokens == 4 and held.choices[0].finish_reason == "stop"
+    assert eos_id not in token_ids(held)[:3] and token_ids(held)[3] == eos_id
+
+
+def test_a_frequency_penalty_makes_a_repeated_token_give_way(client):
+    args = dict(prompt="The quick brown fox", logit_bias={"42": 10}, **{**WITH_IDS, "max_tokens": 16})
+    plain = token_ids(client.completions.create(**args))
+    penalized = token_ids(client.completions.create(**args, frequency_penalty=2, presence_penalty=2))
+    assert plain == [42] * 16
+    assert 1 <= penalized.count(42) < 16 and penalized[0] == 42  # it gives way once it has been said enough
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"logit_bias": {"100000": 1}}, "logit_bias"),
+    ({"extra_body": {"min_tokens": 600}}, "min_tokens"),
+    ({"presence_penalty": 3}, "presence_penalty"),
+], ids=["logit-bias-past-the-vocabulary", "min-tokens-past-the-room-left", "penalty-past-2"])
+def test_sampling_options_asked_wrongly_get_a_400_naming_the_field(client, body, param):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny", messages=MESSAGES, **body)
+    assert info.value.body["param"] == param
