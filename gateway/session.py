@@ -46,6 +46,7 @@ Write = Callable[[bytes, bool], Awaitable[None]]  # (data, more_body): a piece o
 BACKOFF_BASE_S = 0.025
 BACKOFF_CAP_S = 0.5
 _ROLE_FIELDS = frozenset(("role", "content"))  # a delta of these alone, without text, announces the role
+_NOT_GIVEN: Any = object()  # a field the worker did not send (as opposed to one it sent as null)
 
 
 def full_jitter_backoff_s(retry: int, rng: random.Random) -> float:
@@ -99,6 +100,7 @@ class Session:
     attempt: Attempt | None = None
     text_parts: list[str] = field(default_factory=list)  # the answer's text as it came (see `text`)
     finish_reason: str | None = None
+    stop_reason: Any = _NOT_GIVEN  # the worker's stop_reason (vLLM's: a stop string or token id, or null), if given
     usage: dict[str, Any] | None = None
     usage_raw: bytes | None = None
     first_payload: dict[str, Any] | None = None
@@ -331,6 +333,8 @@ class Session:
                 self.role_sent = True
         if finish_reason is not None:
             self.finish_reason = finish_reason
+            if "stop_reason" in choice:  # vLLM's field: the stop string or token id that ended it
+                self.stop_reason = choice["stop_reason"]
         if text or tool_calls:
             self._mark_token()
             if text:
@@ -400,6 +404,7 @@ class Session:
         if self.req.kind == "chat" and "delta" not in choice:  # a completions chunk continuing a chat
             choice = {"index": choice.get("index", 0), "delta": {"content": choice.pop("text", "")},
                       "logprobs": choice.get("logprobs"), "finish_reason": choice.get("finish_reason"),
+                      **({"stop_reason": choice["stop_reason"]} if "stop_reason" in choice else {}),
                       **({"token_ids": choice["token_ids"]} if wants_ids and "token_ids" in choice else {})}
         return choice
 
@@ -542,6 +547,8 @@ class Session:
             obj = "text_completion"
         body = {"id": first.get("id"), "object": obj, "created": first.get("created"),
                 "model": first.get("model", self.req.model), "choices": [choice]}
+        if self.stop_reason is not _NOT_GIVEN:
+            choice["stop_reason"] = self.stop_reason
         if "system_fingerprint" in first:
             body["system_fingerprint"] = first["system_fingerprint"]
         if self.req.body.get("return_token_ids"):  # where the worker puts them in its own non-streaming answer

@@ -350,13 +350,14 @@ class _Shaper:
         shown_logprobs = self._logprobs(final.output_token_ids, logprobs)
         if self.is_chat:
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                      "logprobs": shown_logprobs, "finish_reason": reason, "stop_reason": None}
+                                      "logprobs": shown_logprobs, "finish_reason": reason,
+                                      "stop_reason": final.stop_reason}
             body = {**self._envelope("chat.completion"), "choices": [choice]}
             if self.req.return_token_ids:
                 body["prompt_token_ids"] = self.prompt_ids
         else:
             choice = {"index": 0, "text": text, "logprobs": shown_logprobs, "finish_reason": reason,
-                      "stop_reason": None}
+                      "stop_reason": final.stop_reason}
             if self.req.return_token_ids:
                 choice["prompt_token_ids"] = self.prompt_ids
             body = {**self._envelope("text_completion"), "choices": [choice]}
@@ -382,6 +383,8 @@ class _Shaper:
             chunk = self._chunk(delta, reason, output.new_token_ids if self.req.return_token_ids else None)
             if output.new_logprobs:
                 chunk["choices"][0]["logprobs"] = self._logprobs(output.new_token_ids, output.new_logprobs)
+            if reason is not None:
+                chunk["choices"][0]["stop_reason"] = output.stop_reason
             if self.req.return_token_ids and not self.is_chat and not self._prompt_ids_sent:
                 chunk["choices"][0]["prompt_token_ids"] = self.prompt_ids
                 self._prompt_ids_sent = True

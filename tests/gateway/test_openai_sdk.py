@@ -192,3 +192,23 @@ def test_logprobs_through_the_gateway_equal_the_workers(client, direct, kind, st
 
     via_gateway = logprobs(create(client))
     assert len(via_gateway) == 10 and via_gateway == logprobs(create(direct))
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_the_workers_stop_reason_reaches_the_client_collected_and_streamed(client, kind):
+    if kind == "chat":
+        args = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me about paged attention"}],
+                    max_tokens=12, temperature=0)
+        create, text_of = client.chat.completions.create, lambda choice: choice.message.content
+    else:
+        args = dict(model=MODEL, prompt="Paged attention stores", max_tokens=12, temperature=0)
+        create, text_of = client.completions.create, lambda choice: choice.text
+    words = text_of(create(**args).choices[0]).split()
+    stop = words[2]
+    assert stop not in " ".join(words[:2])  # it stops there, not before
+
+    collected = create(**args, stop=[stop]).choices[0]
+    streamed = [chunk.choices[0] for chunk in create(**args, stop=[stop], stream=True) if chunk.choices]
+
+    assert (collected.finish_reason, collected.model_extra["stop_reason"]) == ("stop", stop)
+    assert (streamed[-1].finish_reason, streamed[-1].model_extra["stop_reason"]) == ("stop", stop)

@@ -417,3 +417,18 @@ def test_stop_strings_do_not_match_before_min_tokens(min_tokens: int, expected_t
 
     assert len(final(outputs).output_token_ids) == expected_tokens
     assert "".join(o.new_text for o in outputs) == (full_text[:4] if expected_tokens == 7 else full_text)
+
+
+def test_the_stop_string_or_token_id_that_ended_a_request_is_its_stop_reason() -> None:
+    tokenizer = letters_tokenizer()
+    stop = tokenizer.decode(GENERATED)[4:7]
+    engine = Engine(PagedFakeExecutor(), tokenizer, EngineConfig(block_size=4), eos_token_ids=[GENERATED[5]])
+    engine.add_request("string", PROMPT, SamplingParams(max_tokens=12, stop=(stop,), ignore_eos=True))
+    engine.add_request("token", PROMPT, SamplingParams(max_tokens=12, stop_token_ids=(GENERATED[2],)))
+    engine.add_request("eos", PROMPT, SamplingParams(max_tokens=12))
+    engine.add_request("length", PROMPT, SamplingParams(max_tokens=2))
+
+    finals = {rid: final(outputs) for rid, outputs in run_to_completion(engine).items()}
+
+    assert {rid: (out.finish_reason, out.stop_reason) for rid, out in finals.items()} == {
+        "string": ("stop", stop), "token": ("stop", GENERATED[2]), "eos": ("stop", None), "length": ("length", None)}

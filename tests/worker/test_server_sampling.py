@@ -154,3 +154,16 @@ def test_sampling_options_asked_wrongly_get_a_400_naming_the_field(client, body,
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="tiny", messages=MESSAGES, **body)
     assert info.value.body["param"] == param
+
+
+def test_stop_reason_names_the_stop_string_or_token_that_ended_the_answer(client):
+    text = client.completions.create(prompt="The quick brown fox", **GREEDY).choices[0].text
+    stop = text[2:4]
+    by_string = client.completions.create(prompt="The quick brown fox", stop=[stop], **GREEDY).choices[0]
+    assert (by_string.finish_reason, by_string.model_extra["stop_reason"]) == ("stop", stop)
+    ids = token_ids(client.completions.create(prompt="The quick brown fox", **WITH_IDS))
+    chunks = list(client.completions.create(prompt="The quick brown fox", stream=True, **{
+        **GREEDY, "extra_body": {"ignore_eos": True, "stop_token_ids": [ids[3]]}}))
+    assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].choices[0].model_extra["stop_reason"] == ids[3]
+    plain = client.completions.create(prompt="The quick brown fox", **GREEDY).choices[0]
+    assert (plain.finish_reason, plain.model_extra["stop_reason"]) == ("length", None)

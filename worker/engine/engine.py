@@ -34,6 +34,7 @@ class RequestOutput:
     """What one step produced for one request (built per step: not frozen, for its cost; never changed
     once built).
 
+    stop_reason is the stop string or stop token id that finished it (None for EOS, length, abort).
     new_token_ids / new_text are this step's delta (new_text is stop-string safe and may be ""
     while text is held back); new_logprobs, one per new token, when the request asked for logprobs
     (else None: an abort's output has none either); num_output_tokens counts the output tokens so far, and
@@ -52,6 +53,7 @@ class RequestOutput:
     num_output_tokens: int
     token_ids: list[int]  # the sequence's own prompt + output tokens, which only ever grow: read up to this step's
     new_logprobs: list[TokenLogprobs] | None = None
+    stop_reason: str | int | None = None
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -269,11 +271,13 @@ class Engine:
             reason = FinishReason.STOP
         elif token_id in params.stop_token_ids:
             reason = FinishReason.STOP
+            seq.stop_reason = token_id
             if detokenizer is not None and params.include_stop_str_in_output:
                 text = detokenizer.add_token(token_id)
         elif detokenizer is not None:
             text = detokenizer.add_token(token_id)
             if detokenizer.stopped:
+                seq.stop_reason = detokenizer.matched_stop
                 return FinishReason.STOP, text
         if reason is None and (
             seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len
@@ -296,6 +300,7 @@ class Engine:
             num_output_tokens=seq.num_output_tokens,
             token_ids=seq.token_ids,
             new_logprobs=new_logprobs,
+            stop_reason=seq.stop_reason,
         )
 
     # ---- introspection -----------------------------------------------------------------------

@@ -49,6 +49,7 @@ class Sequence:
     block_keys: list[int] = field(default_factory=list)
     num_registered_blocks: int = 0
     finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it (vLLM's stop_reason)
     queue_key: tuple[int, float, int] = field(init=False)
 
     def __post_init__(self) -> None:
