@@ -12,9 +12,9 @@ from typing import Any
 # min_tokens goes on less the tokens delivered, as max_tokens does. The presence and frequency
 # penalties count only the continuation's own output: the answer's first part is its prompt now.
 _CONTINUATION_FIELDS = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
-                        "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "ignore_eos",
-                        "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
-                        "stream", "stream_options", "user")
+                        "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+                        "allowed_token_ids", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+                        "include_stop_str_in_output", "stream", "stream_options", "user")
 
 
 def token_id_continuation(kind: str, request_body: dict[str, Any], token_ids: list[int],

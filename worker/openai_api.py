@@ -81,6 +81,9 @@ _UNSUPPORTED_COMMON: dict[str, tuple[Callable[[Any], bool], str]] = {
     "guided_grammar": (_unset, ""),
     "structured_outputs": (_unset, ""),
     "echo": (_off, ""),
+    "prompt_logprobs": (_unset, ""),
+    "truncate_prompt_tokens": (_unset, ""),
+    "bad_words": (_empty, ""),
 }
 _UNSUPPORTED_CHAT: dict[str, tuple[Callable[[Any], bool], str]] = {
     "tools": (_empty, ""),
@@ -214,6 +217,12 @@ def _sampling(data: dict[str, Any], max_tokens: int | None, default_max_tokens: 
         raise ApiError(400, f"temperature must be in [0, 2], got {temperature}", param="temperature")
     if not 0.0 < top_p <= 1.0:
         raise ApiError(400, f"top_p must be in (0, 1], got {top_p}", param="top_p")
+    min_p = _get(data, "min_p", float, 0.0)
+    if not 0.0 <= min_p <= 1.0:
+        raise ApiError(400, f"min_p must be in [0, 1], got {min_p}", param="min_p")
+    allowed_token_ids = tuple(_list_of(data.get("allowed_token_ids"), int, "allowed_token_ids") or ())
+    if any(token < 0 for token in allowed_token_ids):
+        raise ApiError(400, "allowed_token_ids must be >= 0", param="allowed_token_ids")
     if top_k is not None and top_k in (0, -1):
         top_k = None  # vLLM: 0 / -1 mean "no top-k"
     if top_k is not None and top_k < 1:
@@ -229,6 +238,7 @@ def _sampling(data: dict[str, Any], max_tokens: int | None, default_max_tokens: 
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
+        min_p=min_p,
         seed=_get(data, "seed", int, None),
         max_tokens=max_tokens,
         stop=_stop_strings(data.get("stop")),
@@ -239,6 +249,8 @@ def _sampling(data: dict[str, Any], max_tokens: int | None, default_max_tokens: 
         repetition_penalty=repetition_penalty,
         min_tokens=min_tokens,
         logit_bias=_logit_bias(data.get("logit_bias")),
+        allowed_token_ids=allowed_token_ids,
+        skip_special_tokens=_get(data, "skip_special_tokens", bool, True),
         **penalties,
     )
 

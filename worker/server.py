@@ -173,9 +173,12 @@ def _prepare(state: WorkerState, raw: bytes, kind: str, header_priority: int | N
     if req.sampling.logprobs is not None and not state.computes_logprobs:
         raise ApiError(400, f"logprobs are not available from this worker's {state.executor_name} executor: it "
                        "computes no distribution over tokens", param="logprobs")
-    if any(token >= state.num_token_ids for token, _ in req.sampling.logit_bias):
-        raise ApiError(400, f"logit_bias token ids must be < {state.num_token_ids} (the model's vocabulary size)",
-                       param="logit_bias")
+    sampling = req.sampling
+    for param, token_ids in (("logit_bias", [token for token, _ in sampling.logit_bias]),
+                             ("allowed_token_ids", sampling.allowed_token_ids)):
+        if any(token >= state.num_token_ids for token in token_ids):
+            raise ApiError(400, f"{param} token ids must be < {state.num_token_ids} (the model's vocabulary size)",
+                           param=param)
     prompt_ids = _prompt_token_ids(state, req)
     return _fit_context(state, req, len(prompt_ids)), prompt_ids
 

@@ -32,10 +32,11 @@ def test_logprobs_are_asked_as_completions_ask_them():
     assert completion["logprobs"] == 2
 
 
-def test_min_tokens_go_on_less_the_tokens_delivered_and_logit_bias_goes_on_as_it_was():
-    request = _chat_request(min_tokens=5, logit_bias={"7": -100}, max_tokens=20)
+def test_min_tokens_go_on_less_the_tokens_delivered_and_the_token_constraints_as_they_were():
+    request = _chat_request(min_tokens=5, logit_bias={"7": -100}, allowed_token_ids=[7, 8], max_tokens=20)
     body = token_id_continuation("chat", request, [1, 2, 3], delivered_tokens=2)
     assert (body["min_tokens"], body["logit_bias"], body["max_tokens"]) == (3, {"7": -100}, 18)
+    assert body["allowed_token_ids"] == [7, 8]
     assert "min_tokens" not in token_id_continuation("chat", request, [1, 2, 3, 4, 5, 6], delivered_tokens=5)
 
 

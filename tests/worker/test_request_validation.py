@@ -69,6 +69,13 @@ UNSUPPORTED = [
     ("completion-logprobs-bool", parse_completion, completion(logprobs=True), "logprobs"),
     ("completion-logprobs-past-the-bound", parse_completion, completion(logprobs=21), "logprobs"),
     ("presence-penalty-past-2", parse_chat, chat(presence_penalty=2.5), "presence_penalty"),
+    ("min-p-past-1", parse_chat, chat(min_p=1.5), "min_p"),
+    ("allowed-token-ids-negative", parse_chat, chat(allowed_token_ids=[3, -1]), "allowed_token_ids"),
+    ("allowed-token-ids-not-a-list", parse_completion, completion(allowed_token_ids=3), "allowed_token_ids"),
+    ("skip-special-tokens-not-bool", parse_completion, completion(skip_special_tokens="no"), "skip_special_tokens"),
+    ("prompt-logprobs", parse_completion, completion(prompt_logprobs=1), "prompt_logprobs"),
+    ("truncate-prompt-tokens", parse_completion, completion(truncate_prompt_tokens=10), "truncate_prompt_tokens"),
+    ("bad-words", parse_chat, chat(bad_words=["foo"]), "bad_words"),
     ("frequency-penalty-past-minus-2", parse_completion, completion(frequency_penalty=-2.01), "frequency_penalty"),
     ("frequency-penalty-string", parse_completion, completion(frequency_penalty="1"), "frequency_penalty"),
     ("stream-options-without-stream", parse_chat, chat(stream_options={"include_usage": True}), "stream_options"),
@@ -126,6 +133,9 @@ def test_penalties_min_tokens_and_logit_bias_reach_the_sampling_params():
     assert sampling.min_tokens == 4 and sampling.logit_bias == ((7, -100.0), (11, 2.5))
     assert sampling.adjusts_logits and not parse_chat(chat(presence_penalty=0, logit_bias={})).sampling.adjusts_logits
     assert parse_chat(chat(min_tokens=40)).sampling.max_tokens == 40  # a placeholder until the room is known
+    more = parse_completion(completion(min_p=0.05, allowed_token_ids=[3, 5], skip_special_tokens=False)).sampling
+    assert (more.min_p, more.allowed_token_ids, more.skip_special_tokens) == (0.05, (3, 5), False)
+    assert more.adjusts_logits and parse_completion(completion()).sampling.skip_special_tokens
 
 
 @pytest.mark.parametrize(("parse", "body", "expected"), [

@@ -7,7 +7,8 @@ import torch
 
 from worker.engine.sampling_params import SamplingParams
 from worker.executor.base import LogitsContext, SeqChunk
-from worker.executor.sampler import Sampler, adjust_logits, apply_top_k_top_p, attach_logprobs, seed_for
+from worker.executor.sampler import (Sampler, adjust_logits, apply_min_p, apply_top_k_top_p, attach_logprobs,
+                                     seed_for)
 
 VOCAB = 50
 
@@ -170,3 +171,20 @@ def test_a_banned_token_is_never_drawn_greedy_or_sampled():
         chunk = adjusted_chunk(params, [1], 1, banned=(best,))
         tokens = [Sampler().sample(adjust_logits(logits, [chunk]), [params], [i])[0] for i in range(20)]
         assert best not in tokens
+
+
+def test_min_p_keeps_only_the_tokens_near_enough_to_the_likeliest():
+    logits = random_logits(1, seed=14)[0]
+    probs = logits.softmax(-1)
+    kept = apply_min_p(logits, 0.2) > float("-inf")
+    assert kept.tolist() == (probs >= 0.2 * probs.max()).tolist() and 1 <= int(kept.sum()) < VOCAB
+    assert apply_min_p(logits, 0.0) is logits
+    hot = SamplingParams(temperature=2.0, min_p=1.0, seed=3)  # only the likeliest is left: greedy at any temperature
+    assert Sampler().sample(logits.expand(8, VOCAB), [hot] * 8, list(range(8))) == [int(logits.argmax())] * 8
+
+
+def test_allowed_token_ids_are_the_only_ones_left():
+    logits = random_logits(1, seed=15)
+    chunk = adjusted_chunk(SamplingParams(allowed_token_ids=(4, 9)), [1], 1)
+    (adjusted,) = adjust_logits(logits, [chunk])
+    assert torch.isinf(adjusted).sum() == VOCAB - 2 and adjusted[4] == logits[0, 4] and adjusted[9] == logits[0, 9]

@@ -145,11 +145,35 @@ def test_a_frequency_penalty_makes_a_repeated_token_give_way(client):
     assert 1 <= penalized.count(42) < 16 and penalized[0] == 42  # it gives way once it has been said enough
 
 
+def test_allowed_token_ids_are_all_the_answer_is_made_of(client):
+    args = dict(prompt="The quick brown fox", **{**WITH_IDS, "extra_body": {**WITH_IDS["extra_body"],
+                                                                            "allowed_token_ids": [42, 43]}})
+    assert set(token_ids(client.completions.create(**args))) <= {42, 43}
+
+
+def test_special_tokens_stay_in_the_text_when_the_client_asks(client, eos_id):
+    args = dict(prompt="The quick brown fox", model="tiny", temperature=0, max_tokens=3,
+                logit_bias={str(eos_id): 100})  # EOS thrice (it ends nothing with ignore_eos)
+    assert client.completions.create(**args, extra_body={"ignore_eos": True}).choices[0].text == ""
+    kept = client.completions.create(**args, extra_body={"ignore_eos": True, "skip_special_tokens": False})
+    assert kept.choices[0].text == "</s></s></s>"
+
+
+def test_a_min_p_of_one_leaves_only_the_likeliest_token_at_any_temperature(client):
+    greedy = client.completions.create(prompt="The quick brown fox", **WITH_IDS)
+    hot = client.completions.create(prompt="The quick brown fox", **{**WITH_IDS, "temperature": 2, "seed": 4,
+                                                                     "extra_body": {**WITH_IDS["extra_body"],
+                                                                                    "min_p": 1.0}})
+    assert token_ids(hot) == token_ids(greedy)
+
+
 @pytest.mark.parametrize(("body", "param"), [
+    ({"extra_body": {"allowed_token_ids": [100000]}}, "allowed_token_ids"),
     ({"logit_bias": {"100000": 1}}, "logit_bias"),
     ({"extra_body": {"min_tokens": 600}}, "min_tokens"),
     ({"presence_penalty": 3}, "presence_penalty"),
-], ids=["logit-bias-past-the-vocabulary", "min-tokens-past-the-room-left", "penalty-past-2"])
+], ids=["allowed-ids-past-the-vocabulary", "logit-bias-past-the-vocabulary", "min-tokens-past-the-room-left",
+        "penalty-past-2"])
 def test_sampling_options_asked_wrongly_get_a_400_naming_the_field(client, body, param):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="tiny", messages=MESSAGES, **body)

@@ -178,6 +178,7 @@ class Engine:
             prompt,
             stop=params.stop,
             include_stop_str_in_output=params.include_stop_str_in_output,
+            skip_special_tokens=params.skip_special_tokens,
         )
 
     def abort(self, request_id: str) -> RequestOutput | None:

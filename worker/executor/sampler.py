@@ -24,6 +24,14 @@ def seed_for(seed: int, sample_index: int) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
+def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Logits [V] with every token less likely than min_p times the likeliest one set to -inf."""
+    if min_p <= 0.0:
+        return logits
+    probs = logits.softmax(-1)
+    return logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
+
+
 def apply_top_k_top_p(logits: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
     """Logits [V] with everything outside the top-k and the top-p nucleus set to -inf."""
     if top_k is not None and top_k < logits.shape[-1]:
@@ -65,7 +73,8 @@ class Sampler:
         return tokens
 
     def _sample_row(self, logits: torch.Tensor, params: SamplingParams, sample_index: int) -> int:
-        scaled = apply_top_k_top_p(logits.to(torch.float32) / params.temperature, params.top_k, params.top_p)
+        tempered = apply_min_p(logits.to(torch.float32) / params.temperature, params.min_p)  # vLLM's order
+        scaled = apply_top_k_top_p(tempered, params.top_k, params.top_p)
         probs = scaled.softmax(-1)
         noise = self._exponential_noise(probs, params.seed, sample_index)
         return int((probs / noise).argmax())
@@ -83,8 +92,8 @@ class Sampler:
 
 def adjust_logits(logits: torch.Tensor, chunks: Sequence[SeqChunk]) -> torch.Tensor:
     """The logits [N, V] of the sampling chunks (in order) as each request's sampling params change
-    them (SamplingParams: logit_bias, then min_tokens' banned stop tokens, then the repetition,
-    frequency and presence penalties, as vLLM applies them); the same tensor when none does."""
+    them (SamplingParams: allowed_token_ids, logit_bias, then min_tokens' banned stop tokens, then the
+    repetition, frequency and presence penalties, as vLLM applies them); the same tensor when none does."""
     rows = [row for row, chunk in enumerate(chunks) if chunk.logits_context is not None]
     if not rows:
         return logits
@@ -92,6 +101,11 @@ def adjust_logits(logits: torch.Tensor, chunks: Sequence[SeqChunk]) -> torch.Ten
     vocab = logits.shape[-1]
     for row in rows:
         params, context, scores = chunks[row].sampling, chunks[row].logits_context, logits[row]
+        if params.allowed_token_ids:
+            allowed = torch.full_like(scores, float("-inf"))
+            ids = [token for token in params.allowed_token_ids if token < vocab]
+            allowed[ids] = scores[ids]
+            scores.copy_(allowed)
         biases = [(token, bias) for token, bias in params.logit_bias if token < vocab]
         if biases:
             scores[[token for token, _ in biases]] += torch.tensor([bias for _, bias in biases], dtype=scores.dtype,
