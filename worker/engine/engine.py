@@ -208,16 +208,19 @@ class Engine:
         if plan.is_empty:
             return []
         sampling = [(entry, chunk) for entry, chunk in zip(plan.scheduled, plan.batch.chunks) if entry.samples]
+        asking_logprobs = []
         for entry, chunk in sampling:
             if chunk.sampling.adjusts_logits:
                 chunk.logits_context = self._logits_context(entry.seq)
+            if chunk.sampling.logprobs is not None:
+                asking_logprobs.append(chunk)
         try:
             sampled = self._executor.execute(plan.batch)
             if len(sampled) != len(sampling):
                 raise RuntimeError(
                     f"executor returned {len(sampled)} tokens for {len(sampling)} sampling chunks"
                 )
-            if any(chunk.logprobs is None and chunk.sampling.logprobs is not None for _, chunk in sampling):
+            if any(chunk.logprobs is None for chunk in asking_logprobs):
                 raise RuntimeError("executor returned no logprobs for a chunk that asked for them")
         except Exception as exc:
             raise StepFailed(self._end_step(plan.scheduled), exc) from exc
