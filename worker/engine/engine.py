@@ -207,13 +207,15 @@ class Engine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
-        sampling = [(entry, chunk) for entry, chunk in zip(plan.scheduled, plan.batch.chunks) if entry.samples]
-        asking_logprobs = []
-        for entry, chunk in sampling:
-            if chunk.sampling.adjusts_logits:
-                chunk.logits_context = self._logits_context(entry.seq)
-            if chunk.sampling.logprobs is not None:
-                asking_logprobs.append(chunk)
+        sampling, asking_logprobs = [], []
+        for entry, chunk in zip(plan.scheduled, plan.batch.chunks):
+            if entry.samples:
+                sampling.append((entry, chunk))
+                params = chunk.sampling
+                if params.adjusts_logits:
+                    chunk.logits_context = self._logits_context(entry.seq)
+                if params.logprobs is not None:
+                    asking_logprobs.append(chunk)
         try:
             sampled = self._executor.execute(plan.batch)
             if len(sampled) != len(sampling):
@@ -268,7 +270,7 @@ class Engine:
         params = seq.sampling_params
         reason: FinishReason | None = None
         text = ""
-        if seq.num_output_tokens < params.min_tokens:  # not yet: no stop token or string ends it (as vLLM)
+        if params.min_tokens and seq.num_output_tokens < params.min_tokens:  # not yet: nothing stops it (as vLLM)
             if detokenizer is not None:
                 text = detokenizer.add_token(token_id, stops=False)
         elif not params.ignore_eos and token_id in self._eos_token_ids:
