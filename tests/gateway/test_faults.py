@@ -31,13 +31,17 @@ def stream_text(response: httpx.Response, on_chunk=None) -> tuple[str, list[dict
     return reader.text, payloads
 
 
+def two_workers_behind_a_gateway(stack: ExitStack, model_dir, tmp_path) -> tuple[dict, object]:
+    """Two real tiny-model workers, by name (w0, w1), and a gateway over them."""
+    by_name = {f"w{i}": start_tiny_worker(stack, model_dir) for i in range(2)}
+    entries = [worker_entry(name, w.url) for name, w in by_name.items()]
+    return by_name, start_gateway(stack, gateway_config(entries, model_dir), tmp_path)
+
+
 @pytest.mark.parametrize("kind", ["completion", "chat"])
 def test_worker_killed_mid_stream_client_text_equals_uninterrupted_run(gateway_model_dir, tmp_path, kind):
     with ExitStack() as stack:
-        workers = [start_tiny_worker(stack, gateway_model_dir) for _ in range(2)]
-        by_name = {f"w{i}": w for i, w in enumerate(workers)}
-        entries = [worker_entry(name, w.url) for name, w in by_name.items()]
-        gateway = start_gateway(stack, gateway_config(entries, gateway_model_dir), tmp_path)
+        by_name, gateway = two_workers_behind_a_gateway(stack, gateway_model_dir, tmp_path)
         if kind == "completion":
             path, body = "/v1/completions", {"prompt": "Paged attention stores keys and values"}
         else:
@@ -73,10 +77,7 @@ def test_a_streams_logprobs_go_on_through_a_failover_as_an_uninterrupted_run_has
     back in a chat's shape, the same tokens with the same alternatives (the values to float noise: the
     other worker computes the prompt in one prefill)."""
     with ExitStack() as stack:
-        workers = [start_tiny_worker(stack, gateway_model_dir) for _ in range(2)]
-        by_name = {f"w{i}": w for i, w in enumerate(workers)}
-        entries = [worker_entry(name, w.url) for name, w in by_name.items()]
-        gateway = start_gateway(stack, gateway_config(entries, gateway_model_dir), tmp_path)
+        by_name, gateway = two_workers_behind_a_gateway(stack, gateway_model_dir, tmp_path)
         if kind == "completion":
             path, body = "/v1/completions", {"prompt": "Paged attention stores keys and values", "logprobs": 2}
         else:
