@@ -54,8 +54,8 @@ class GenerateRequest:
     sampling_given: frozenset[str] = frozenset()  # the SAMPLING_PARAMS the body set (not defaulted)
 
 
-# Sampling params a request's span names when the client set them (gen_ai.request.*).
-SAMPLING_PARAMS = ("temperature", "top_p", "top_k", "seed")
+# Sampling params a request's span names when the client set them (gen_ai.request.*, OpenTelemetry's names).
+SAMPLING_PARAMS = ("temperature", "top_p", "top_k", "seed", "frequency_penalty", "presence_penalty")
 
 
 def _unset(value: Any) -> bool:

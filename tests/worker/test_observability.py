@@ -247,7 +247,7 @@ def traced_worker(model_dir, *flags: str, env: dict[str, str] | None = None) -> 
 def traced_requests(process: Process) -> dict[str, dict]:
     """A completion continuing the caller's trace, and a chat stream starting a new one; then stop the
     worker (which exports what it has buffered). Their log lines by request id."""
-    assert completion(process.url, "traced-1", temperature=0.5, max_tokens=5,
+    assert completion(process.url, "traced-1", temperature=0.5, max_tokens=5, presence_penalty=0.25,
                       headers={"traceparent": TRACEPARENT}).status_code == 200
     assert completion(process.url, "traced-2", "/v1/chat/completions", stream=True, max_tokens=2,
                       messages=[{"role": "user", "content": "hi"}]).status_code == 200
@@ -276,11 +276,12 @@ def test_a_request_is_traced_as_a_server_span_continuing_the_callers_trace(tiny_
     attributes = server.attributes
     assert attributes == {**attributes, "gen_ai.operation.name": "text_completion", "gen_ai.provider.name": "kvgate",
                           "gen_ai.request.model": "tiny", "gen_ai.request.max_tokens": 5,
-                          "gen_ai.request.temperature": 0.5, "gen_ai.response.id": "cmpl-traced-1",
+                          "gen_ai.request.temperature": 0.5, "gen_ai.request.presence_penalty": 0.25,
+                          "gen_ai.response.id": "cmpl-traced-1",
                           "gen_ai.response.finish_reasons": ["length"], "gen_ai.usage.input_tokens": len(PROMPT_IDS),
                           "gen_ai.usage.output_tokens": 5, "gen_ai.usage.cache_read.input_tokens": 0,
                           "http.response.status_code": 200}
-    assert "gen_ai.request.top_p" not in attributes  # not given
+    assert "gen_ai.request.top_p" not in attributes and "gen_ai.request.frequency_penalty" not in attributes
     children = sorted((s for s in spans if s.parent_span_id == server.span_id), key=lambda s: s.start_ns)
     assert [(c.name, c.kind, c.trace_id) for c in children] == [
         ("queue", "internal", PARENT_TRACE_ID), ("prefill", "internal", PARENT_TRACE_ID),
