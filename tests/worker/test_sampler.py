@@ -7,7 +7,7 @@ import torch
 
 from worker.engine.sampling_params import SamplingParams
 from worker.executor.base import LogitsContext, SeqChunk
-from worker.executor.sampler import (Sampler, adjust_logits, apply_min_p, apply_top_k_top_p, attach_logprobs,
+from worker.executor.sampler import (ModelLogprobs, Sampler, adjust_logits, apply_min_p, apply_top_k_top_p,
                                      seed_for)
 
 VOCAB = 50
@@ -104,7 +104,7 @@ def test_logprobs_are_the_raw_logits_log_softmax_whatever_the_sampling():
               sampling_chunk(SamplingParams(temperature=1.0))]
     tokens = [5, 17, 3]
 
-    attach_logprobs(logits, chunks, tokens)
+    ModelLogprobs(logits, chunks).attach(chunks, tokens)
 
     expected = logits.log_softmax(-1)
     first, second, third = (chunk.logprobs for chunk in chunks)
@@ -118,7 +118,7 @@ def test_logprobs_are_the_raw_logits_log_softmax_whatever_the_sampling():
 
 def test_rows_that_ask_for_no_logprobs_are_left_alone():
     chunks = [sampling_chunk(SamplingParams())]
-    attach_logprobs(torch.full((1, VOCAB), float("nan")), chunks, [0])
+    ModelLogprobs(torch.full((1, VOCAB), float("nan")), chunks).attach(chunks, [0])
     assert chunks[0].logprobs is None
 
 
@@ -135,10 +135,10 @@ def test_penalties_bias_and_bans_change_the_logits_as_vllm_defines_them():
                             logit_bias=((3, 2.0), (4, -1.0)), min_tokens=1)
     prompt, output = [3, 9, 9], [9, 12, 12, 12]
     chunk = adjusted_chunk(params, prompt + output, len(prompt), banned=(0,))
+    expected = logits[0].clone()
 
     (adjusted,) = adjust_logits(logits, [chunk])
 
-    expected = logits[0].clone()
     expected[3] += 2.0
     expected[4] -= 1.0
     expected[0] = float("-inf")
@@ -149,7 +149,7 @@ def test_penalties_bias_and_bans_change_the_logits_as_vllm_defines_them():
     torch.testing.assert_close(adjusted, expected)
 
 
-def test_rows_without_adjustments_keep_their_logits_and_the_input_is_not_changed():
+def test_only_the_rows_with_adjustments_change_in_place():
     logits = random_logits(2, seed=12)
     before = logits.clone()
     chunks = [sampling_chunk(SamplingParams()),
@@ -157,10 +157,23 @@ def test_rows_without_adjustments_keep_their_logits_and_the_input_is_not_changed
 
     adjusted = adjust_logits(logits, chunks)
 
-    torch.testing.assert_close(logits, before)
+    assert adjusted is logits  # no copy of the batch's logits
     torch.testing.assert_close(adjusted[0], before[0])
     assert adjusted[1, 2] == before[1, 2] - 2.0 and adjusted[1, 1] == before[1, 1]
-    assert adjust_logits(logits, chunks[:1]) is logits  # nothing to change: no copy
+
+
+def test_logprobs_are_taken_before_the_logits_are_adjusted():
+    logits = random_logits(1, seed=16)
+    expected = logits[0].log_softmax(-1)
+    chunks = [adjusted_chunk(SamplingParams(logprobs=2, logit_bias=((7, 100.0),)), [1], 1)]
+
+    logprobs = ModelLogprobs(logits, chunks)
+    tokens = Sampler().sample(adjust_logits(logits, chunks), [chunks[0].sampling], [0])
+    logprobs.attach(chunks, tokens)
+
+    assert tokens == [7]
+    assert chunks[0].logprobs.logprob == pytest.approx(expected[7].item(), abs=1e-6)
+    assert chunks[0].logprobs.top_token_ids == expected.topk(2).indices.tolist()
 
 
 def test_a_banned_token_is_never_drawn_greedy_or_sampled():
@@ -169,7 +182,7 @@ def test_a_banned_token_is_never_drawn_greedy_or_sampled():
     for params in (SamplingParams(temperature=0.0, min_tokens=1),
                    SamplingParams(temperature=1.0, seed=5, min_tokens=1)):
         chunk = adjusted_chunk(params, [1], 1, banned=(best,))
-        tokens = [Sampler().sample(adjust_logits(logits, [chunk]), [params], [i])[0] for i in range(20)]
+        tokens = [Sampler().sample(adjust_logits(logits.clone(), [chunk]), [params], [i])[0] for i in range(20)]
         assert best not in tokens
 
 
@@ -185,6 +198,7 @@ def test_min_p_keeps_only_the_tokens_near_enough_to_the_likeliest():
 
 def test_allowed_token_ids_are_the_only_ones_left():
     logits = random_logits(1, seed=15)
+    before = logits[0].clone()
     chunk = adjusted_chunk(SamplingParams(allowed_token_ids=(4, 9)), [1], 1)
     (adjusted,) = adjust_logits(logits, [chunk])
-    assert torch.isinf(adjusted).sum() == VOCAB - 2 and adjusted[4] == logits[0, 4] and adjusted[9] == logits[0, 9]
+    assert torch.isinf(adjusted).sum() == VOCAB - 2 and adjusted[4] == before[4] and adjusted[9] == before[9]

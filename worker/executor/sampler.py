@@ -1,6 +1,6 @@
 """Pick one token per row of logits: greedy, or temperature / top-k / top-p sampling; before it, the
 logits a request's penalties, min_tokens and logit_bias change (adjust_logits); and the
-log-probabilities a request asks for beside its token (attach_logprobs: of the model's own logits).
+log-probabilities a request asks for beside its token (ModelLogprobs: of the model's own logits).
 
 Sampling draws Exponential(1) noise E and picks argmax(p / E) (an exact sample from p). With a
 seed, the noise for output token i comes from a generator seeded by hash(seed, i) alone, so a
@@ -91,21 +91,21 @@ class Sampler:
 
 
 def adjust_logits(logits: torch.Tensor, chunks: Sequence[SeqChunk]) -> torch.Tensor:
-    """The logits [N, V] of the sampling chunks (in order) as each request's sampling params change
-    them (SamplingParams: allowed_token_ids, logit_bias, then min_tokens' banned stop tokens, then the
-    repetition, frequency and presence penalties, as vLLM applies them); the same tensor when none does."""
-    rows = [row for row, chunk in enumerate(chunks) if chunk.logits_context is not None]
-    if not rows:
-        return logits
-    logits = logits.clone()
+    """Change, in place, the logits [N, V] of the sampling chunks (in order) whose params change them
+    (SamplingParams: allowed_token_ids, logit_bias, then min_tokens' banned stop tokens, then the
+    repetition, frequency and presence penalties, as vLLM applies them); returns logits. In place: a
+    batch's logits are copied for nothing (take the model's own log-probabilities first: ModelLogprobs)."""
     vocab = logits.shape[-1]
-    for row in rows:
-        params, context, scores = chunks[row].sampling, chunks[row].logits_context, logits[row]
+    for row, chunk in enumerate(chunks):
+        context = chunk.logits_context
+        if context is None:
+            continue
+        params, scores = chunk.sampling, logits[row]
         if params.allowed_token_ids:
-            allowed = torch.full_like(scores, float("-inf"))
             ids = [token for token in params.allowed_token_ids if token < vocab]
-            allowed[ids] = scores[ids]
-            scores.copy_(allowed)
+            allowed = scores[ids]
+            scores.fill_(float("-inf"))
+            scores[ids] = allowed
         biases = [(token, bias) for token, bias in params.logit_bias if token < vocab]
         if biases:
             scores[[token for token, _ in biases]] += torch.tensor([bias for _, bias in biases], dtype=scores.dtype,
@@ -125,18 +125,25 @@ def adjust_logits(logits: torch.Tensor, chunks: Sequence[SeqChunk]) -> torch.Ten
     return logits
 
 
-def attach_logprobs(logits: torch.Tensor, chunks: Sequence[SeqChunk], tokens: Sequence[int]) -> None:
-    """Set chunk.logprobs for each chunk whose sampling asks for them; logits [N, V] and tokens are
-    the sampling chunks', in order. One log-softmax over the rows that ask, in fp32, on the logits as
-    the model gave them (before temperature, top-k and top-p)."""
-    rows = [row for row, chunk in enumerate(chunks)
-            if chunk.sampling is not None and chunk.sampling.logprobs is not None]
-    if not rows:
-        return
-    log_probs = logits[rows].to(torch.float32).log_softmax(-1)
-    chosen = log_probs.gather(1, torch.tensor([[tokens[row]] for row in rows], device=log_probs.device))
-    top = log_probs.topk(max(chunks[row].sampling.logprobs for row in rows), dim=-1)
-    for row, logprob, top_ids, top_values in zip(rows, chosen.squeeze(1).tolist(), top.indices.tolist(),
-                                                 top.values.tolist()):
-        asked = chunks[row].sampling.logprobs
-        chunks[row].logprobs = TokenLogprobs(logprob, top_ids[:asked], top_values[:asked])
+class ModelLogprobs:
+    """The log-probabilities a step's requests asked for, under the model's own distribution: taken
+    from the logits [N, V] of the sampling chunks (in order) before anything adjusts them, and given to
+    each chunk that asked (chunk.logprobs) once its token is drawn. One log-softmax over the rows that
+    ask, in fp32; nothing at all when none does."""
+
+    def __init__(self, logits: torch.Tensor, chunks: Sequence[SeqChunk]) -> None:
+        self._rows = [row for row, chunk in enumerate(chunks)
+                      if chunk.sampling is not None and chunk.sampling.logprobs is not None]
+        self._log_probs = logits[self._rows].to(torch.float32).log_softmax(-1) if self._rows else None  # a copy
+
+    def attach(self, chunks: Sequence[SeqChunk], tokens: Sequence[int]) -> None:
+        """Set chunk.logprobs for each chunk that asked: its drawn token's and its likeliest ones'."""
+        if self._log_probs is None:
+            return
+        rows, log_probs = self._rows, self._log_probs
+        chosen = log_probs.gather(1, torch.tensor([[tokens[row]] for row in rows], device=log_probs.device))
+        top = log_probs.topk(max(chunks[row].sampling.logprobs for row in rows), dim=-1)
+        for row, logprob, top_ids, top_values in zip(rows, chosen.squeeze(1).tolist(), top.indices.tolist(),
+                                                     top.values.tolist()):
+            asked = chunks[row].sampling.logprobs
+            chunks[row].logprobs = TokenLogprobs(logprob, top_ids[:asked], top_values[:asked])

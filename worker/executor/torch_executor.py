@@ -20,7 +20,7 @@ from worker.executor.cpu_attention import (CpuMixedAttention, CpuPagedDecodeAtte
                                            cpu_paged_attention_available)
 from worker.executor.cpu_linear import pack_linears, packing_available
 from worker.executor.kv_cache import KVCacheSpec, PagedKVCache, num_blocks_for_memory_fraction
-from worker.executor.sampler import Sampler, adjust_logits, attach_logprobs
+from worker.executor.sampler import ModelLogprobs, Sampler, adjust_logits
 from worker.executor.triton_attention import TritonPagedDecodeAttention, triton_available
 from worker.model.config import ModelConfig, load_model_config
 from worker.model.llama import LlamaForCausalLM
@@ -124,14 +124,16 @@ class TorchExecutor:
         """Decode graphs captured so far (0 on CPU or with graphs off)."""
         return 0 if self._graphs is None else len(self._graphs.graphs)
 
+    @torch.inference_mode()  # the logits are adjusted in place (an inference tensor may be only under it)
     def execute(self, batch: StepBatch) -> list[int]:
         if not batch.chunks:
             return []
         logits = self.forward_logits(batch)
         sampling = [c for c in batch.chunks if c.sampling is not None]
+        logprobs = ModelLogprobs(logits, sampling)  # the model's own distribution, as vLLM reports it
         tokens = self.sampler.sample(adjust_logits(logits, sampling), [c.sampling for c in sampling],
                                      [c.sample_index for c in sampling])
-        attach_logprobs(logits, sampling, tokens)  # the model's own distribution, as vLLM reports it
+        logprobs.attach(sampling, tokens)
         return tokens
 
     @torch.inference_mode()
