@@ -127,24 +127,43 @@ class AsyncEngine:
 
         request_id must be unique among the requests running. timing, when given, is filled in by the
         engine thread (its arrival_s is the caller's); read it once the request has ended."""
+        choices = self.generate_choices([request_id], prompt_token_ids, [params], priority, timing)
+        try:
+            async for _, output in choices:
+                yield output
+        finally:
+            await choices.aclose()
+
+    async def generate_choices(self, request_ids: list[str], prompt_token_ids: list[int],
+                               params: list[SamplingParams], priority: int = 0,
+                               timing: RequestTiming | None = None) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """The choices of one request (OpenAI's n): one engine request each over the same prompt, with
+        its own sampling params; yields (choice index, output) as outputs come, until every one has
+        finished. Leaving early aborts those still running; an error of any one ends them all. timing
+        (see generate) is the first choice's."""
         if not self.is_alive:
             raise EngineShutDown("the engine is not running")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
-        self._streams[request_id] = stream
-        self._inbox.put(("add", request_id, prompt_token_ids, params, priority, timing))
+        index_of = {request_id: index for index, request_id in enumerate(request_ids)}
+        for index, (request_id, choice_params) in enumerate(zip(request_ids, params, strict=True)):
+            self._streams[request_id] = stream
+            self._inbox.put(("add", request_id, prompt_token_ids, choice_params, priority,
+                             timing if index == 0 else None))
         self._wakeup.set()
-        finished = False
+        unfinished = set(request_ids)
         try:
-            while not finished:
+            while unfinished:
                 item = await stream.outputs.get()
                 if isinstance(item, BaseException):
                     raise item
-                finished = item.finished
-                yield item
+                if item.finished:
+                    unfinished.discard(item.request_id)
+                yield index_of[item.request_id], item
         finally:
-            if not finished:
+            for request_id in unfinished:
                 self.abort(request_id)
-            self._streams.pop(request_id, None)
+            for request_id in request_ids:
+                self._streams.pop(request_id, None)
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))

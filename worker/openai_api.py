@@ -29,6 +29,7 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGIT_BIAS_TOKENS = 300  # OpenAI's bound on logit_bias entries
+MAX_CHOICES = 128  # OpenAI's bound on n
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,7 @@ class GenerateRequest:
     continue_final_message: bool
     model: str | None
     sampling_given: frozenset[str] = frozenset()  # the SAMPLING_PARAMS the body set (not defaulted)
+    n: int = 1  # choices: each an engine request of its own (seeded ones with seed + its index, as vLLM)
 
 
 # Sampling params a request's span names when the client set them (gen_ai.request.*, OpenTelemetry's names).
@@ -126,8 +128,9 @@ def _build(data: dict[str, Any], kind: str, header_priority: int | None, *, defa
            messages: tuple[dict[str, Any], ...] | None = None, max_tokens_param: str = "max_tokens",
            add_generation_prompt: bool = True, continue_final_message: bool = False,
            logprobs: int | None = None) -> GenerateRequest:
-    if _get(data, "n", int, 1) != 1:
-        raise ApiError(400, "only n=1 is supported", param="n")
+    n = _get(data, "n", int, 1)
+    if not 1 <= n <= MAX_CHOICES:
+        raise ApiError(400, f"n must be in [1, {MAX_CHOICES}], got {n}", param="n")
     _reject_unsupported(data, _UNSUPPORTED_COMMON)
     _check_response_format(data.get("response_format"))
     max_tokens = _get(data, max_tokens_param, int, None)
@@ -158,6 +161,7 @@ def _build(data: dict[str, Any], kind: str, header_priority: int | None, *, defa
         continue_final_message=continue_final_message,
         model=_get(data, "model", str, None),
         sampling_given=frozenset(p for p in SAMPLING_PARAMS if data.get(p) is not None),
+        n=n,
     )
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from opentelemetry import trace
@@ -37,11 +37,21 @@ class RequestRecord:
     response_id: str | None = None
     prompt_token_ids: list[int] | None = None
     timing: RequestTiming | None = None
-    last_output: RequestOutput | None = None
+    last_outputs: dict[int, RequestOutput] = field(default_factory=dict)  # each choice's latest output, by index
     status: int | None = None
     outcome: str | None = None
     error: ApiError | None = None
     end_s: float | None = None
+
+    @property
+    def last_output(self) -> RequestOutput | None:
+        """The first choice's latest output (its finish reason and cached tokens stand for the request's)."""
+        return self.last_outputs.get(0)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """The tokens of every choice."""
+        return sum(output.num_output_tokens for output in self.last_outputs.values())
 
     def wall_ns(self, t_s: float) -> int:
         """A mark on the engine's clock as wall-clock nanoseconds."""
@@ -89,7 +99,7 @@ class RequestTelemetry:
             "finish_reason": str(last.finish_reason) if last is not None and last.finish_reason else None,
             "prompt_tokens": len(record.prompt_token_ids) if record.prompt_token_ids is not None else None,
             "cached_tokens": last.num_cached_tokens if last is not None else None,
-            "output_tokens": (last.num_output_tokens if last is not None
+            "output_tokens": (record.num_output_tokens if last is not None
                               else 0 if record.response_id is not None else None),  # None: it never ran
             "priority": req.priority if req is not None else None,
             "error_type": record.error.type if record.error is not None else None,
@@ -135,10 +145,12 @@ class RequestTelemetry:
         if record.prompt_token_ids is not None:
             attributes["gen_ai.usage.input_tokens"] = len(record.prompt_token_ids)
         if last is not None:
-            attributes["gen_ai.usage.output_tokens"] = last.num_output_tokens
+            attributes["gen_ai.usage.output_tokens"] = record.num_output_tokens
             attributes["gen_ai.usage.cache_read.input_tokens"] = last.num_cached_tokens
-            if last.finish_reason is not None:
-                attributes["gen_ai.response.finish_reasons"] = [str(last.finish_reason)]
+            reasons = [str(record.last_outputs[index].finish_reason) for index in sorted(record.last_outputs)
+                       if record.last_outputs[index].finish_reason is not None]
+            if reasons:
+                attributes["gen_ai.response.finish_reasons"] = reasons
         if record.error is not None:
             attributes["error.type"] = record.error.type
         return attributes

@@ -37,6 +37,7 @@ from kvgate.offload import Offloader
 from kvgate.request_log import request_id as new_or_incoming_id
 from worker.async_engine import AsyncEngine, EngineShutDown, RequestFailed, RequestTiming
 from worker.engine.engine import RequestOutput
+from worker.engine.sampling_params import SamplingParams
 from worker.executor.base import TokenLogprobs
 from worker.metrics import WorkerMetrics
 from worker.model.tokenizer import ModelTokenizer, TokenBytes
@@ -137,7 +138,8 @@ async def _generate(request: Request, kind: str) -> Response:
     record.response_id = f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{record.request_id}"
     record.timing = RequestTiming(arrival_s=record.arrival_s)
     engine_id = f"{record.response_id}-{next(state.engine_ids)}"  # unique while the same X-Request-Id runs twice
-    outputs = state.engine.generate(engine_id, prompt_ids, req.sampling, req.priority, timing=record.timing)
+    engine_ids, choice_params = _choice_requests(engine_id, req)
+    outputs = state.engine.generate_choices(engine_ids, prompt_ids, choice_params, req.priority, timing=record.timing)
     shaper = _Shaper(state, req, record.response_id, prompt_ids)
     if req.stream:
         return StreamingResponse(_sse(shaper, outputs, state.telemetry, record), media_type="text/event-stream",
@@ -149,9 +151,20 @@ async def _generate(request: Request, kind: str) -> Response:
     if final is None:
         state.telemetry.report(record, 499, CLIENT_GONE)
         return Response(status_code=499, headers=headers)
-    body = shaper.full_response(*final)
+    body = shaper.full_response(final)
     state.telemetry.report(record, 200, FINISHED)
     return JSONResponse(body, headers=headers)
+
+
+def _choice_requests(engine_id: str, req: GenerateRequest) -> tuple[list[str], list[SamplingParams]]:
+    """The engine requests of a request's choices: one with its own id and params; for n > 1, ids with
+    each choice's index, and a seed moved on by it (as vLLM does: seeded choices draw tokens of their own)."""
+    if req.n == 1:
+        return [engine_id], [req.sampling]
+    seed = req.sampling.seed
+    return ([f"{engine_id}.{index}" for index in range(req.n)],
+            [req.sampling if seed is None else dataclasses.replace(req.sampling, seed=seed + index)
+             for index in range(req.n)])
 
 
 def _request_id(request: Request) -> str:
@@ -245,27 +258,34 @@ def _fit_context(state: WorkerState, req: GenerateRequest, num_prompt_tokens: in
     return req
 
 
-async def _collect(outputs: AsyncIterator[RequestOutput],
-                   record: RequestRecord) -> tuple[str, RequestOutput, list[TokenLogprobs]]:
-    text: list[str] = []
-    logprobs: list[TokenLogprobs] = []
-    last = None
+@dataclass(slots=True)
+class _Choice:
+    """One choice of a whole answer, as it ends: its text, its last output, and its logprobs if asked."""
+
+    text: str
+    last: RequestOutput
+    logprobs: list[TokenLogprobs]
+
+
+async def _collect(outputs: AsyncIterator[tuple[int, RequestOutput]], record: RequestRecord) -> list[_Choice]:
+    texts: dict[int, list[str]] = {}
+    logprobs: dict[int, list[TokenLogprobs]] = {}
     try:
-        async for output in outputs:
-            text.append(output.new_text)
+        async for index, output in outputs:
+            texts.setdefault(index, []).append(output.new_text)
             if output.new_logprobs:
-                logprobs.extend(output.new_logprobs)
-            last = record.last_output = output
+                logprobs.setdefault(index, []).extend(output.new_logprobs)
+            record.last_outputs[index] = output
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
     except (EngineShutDown, RequestFailed) as exc:
         raise _engine_error(exc) from None
-    assert last is not None
-    return "".join(text), last, logprobs
+    return [_Choice("".join(texts[index]), record.last_outputs[index], logprobs.get(index, []))
+            for index in sorted(texts)]
 
 
-async def _collect_unless_disconnected(request: Request, outputs: AsyncIterator[RequestOutput],
-                                       record: RequestRecord):
+async def _collect_unless_disconnected(request: Request, outputs: AsyncIterator[tuple[int, RequestOutput]],
+                                       record: RequestRecord) -> list[_Choice] | None:
     """Run the request; if the client disconnects first, cancel it (which aborts it) and return None."""
     work = asyncio.ensure_future(_collect(outputs, record))
     watch = asyncio.ensure_future(_wait_disconnect(request))
@@ -286,7 +306,7 @@ async def _wait_disconnect(request: Request) -> None:
         pass
 
 
-async def _sse(shaper: "_Shaper", outputs: AsyncIterator[RequestOutput], telemetry: RequestTelemetry,
+async def _sse(shaper: "_Shaper", outputs: AsyncIterator[tuple[int, RequestOutput]], telemetry: RequestTelemetry,
                record: RequestRecord) -> AsyncIterator[bytes]:
     """The stream's events; its end is reported: finished, an error event, or the client gone (the
     response's status is 200 whatever happens once it has started)."""
@@ -294,9 +314,9 @@ async def _sse(shaper: "_Shaper", outputs: AsyncIterator[RequestOutput], telemet
     try:
         for chunk in shaper.first_chunks():
             yield _event(chunk)
-        async for output in outputs:
-            record.last_output = output
-            for chunk in shaper.chunks(output):
+        async for index, output in outputs:
+            record.last_outputs[index] = output
+            for chunk in shaper.chunks(index, output):
                 yield _event(chunk)
         outcome = FINISHED
     except ValueError as exc:
@@ -323,7 +343,8 @@ def _event(payload: dict[str, Any]) -> bytes:
 
 
 class _Shaper:
-    """Builds OpenAI response bodies and stream chunks for one request."""
+    """Builds OpenAI response bodies and stream chunks for one request, its n choices each with its
+    index (a streamed choice's chunks come as its tokens do, interleaved with the others')."""
 
     def __init__(self, state: WorkerState, req: GenerateRequest, request_id: str, prompt_ids: list[int]) -> None:
         self.req = req
@@ -336,81 +357,101 @@ class _Shaper:
         self._prompt_ids_sent = False  # completions streams carry them in their first chunk (vLLM's place)
         self.num_logprobs = req.sampling.logprobs  # None: the client asked for no logprobs
         self._token_bytes = state.token_bytes
-        self._text_offset = 0  # a completion's text_offset: where the next token's text starts
+        self._text_offsets: dict[int, int] = {}  # a completion choice's text_offset: where its next token starts
+        self._latest: dict[int, RequestOutput] = {}  # each choice's latest output, for a stream's usage
 
     def _envelope(self, object_: str) -> dict[str, Any]:
         return {"id": self.request_id, "object": object_, "created": self.created, "model": self.model,
                 "system_fingerprint": self.fingerprint}
 
-    def usage(self, output: RequestOutput) -> dict[str, Any]:
-        completion = output.num_output_tokens
-        return {"prompt_tokens": output.num_prompt_tokens, "completion_tokens": completion,
-                "total_tokens": output.num_prompt_tokens + completion,
-                "prompt_tokens_details": {"cached_tokens": output.num_cached_tokens}}
+    def usage(self, outputs: list[RequestOutput]) -> dict[str, Any]:
+        """The request's usage from its choices' latest outputs: the prompt once (and its cached tokens as
+        the first choice found them), the tokens of every choice."""
+        first = outputs[0]
+        completion = sum(output.num_output_tokens for output in outputs)
+        return {"prompt_tokens": first.num_prompt_tokens, "completion_tokens": completion,
+                "total_tokens": first.num_prompt_tokens + completion,
+                "prompt_tokens_details": {"cached_tokens": first.num_cached_tokens}}
 
-    def full_response(self, text: str, final: RequestOutput, logprobs: list[TokenLogprobs]) -> dict[str, Any]:
-        reason = final.finish_reason.value if final.finish_reason else None
-        shown_logprobs = self._logprobs(final.output_token_ids, logprobs)
-        if self.is_chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                      "logprobs": shown_logprobs, "finish_reason": reason,
-                                      "stop_reason": final.stop_reason}
-            body = {**self._envelope("chat.completion"), "choices": [choice]}
-            if self.req.return_token_ids:
-                body["prompt_token_ids"] = self.prompt_ids
-        else:
-            choice = {"index": 0, "text": text, "logprobs": shown_logprobs, "finish_reason": reason,
-                      "stop_reason": final.stop_reason}
-            if self.req.return_token_ids:
-                choice["prompt_token_ids"] = self.prompt_ids
-            body = {**self._envelope("text_completion"), "choices": [choice]}
-        if self.req.return_token_ids:
-            choice["token_ids"] = final.output_token_ids
-        body["usage"] = self.usage(final)
+    def full_response(self, choices: list[_Choice]) -> dict[str, Any]:
+        shown = [self._full_choice(index, choice) for index, choice in enumerate(choices)]
+        body = {**self._envelope("chat.completion" if self.is_chat else "text_completion"), "choices": shown}
+        if self.req.return_token_ids and self.is_chat:
+            body["prompt_token_ids"] = self.prompt_ids
+        body["usage"] = self.usage([choice.last for choice in choices])
         return body
 
+    def _full_choice(self, index: int, choice: _Choice) -> dict[str, Any]:
+        final = choice.last
+        reason = final.finish_reason.value if final.finish_reason else None
+        shown_logprobs = self._logprobs(index, final.output_token_ids, choice.logprobs)
+        if self.is_chat:
+            shown: dict[str, Any] = {"index": index, "message": {"role": "assistant", "content": choice.text},
+                                     "logprobs": shown_logprobs, "finish_reason": reason,
+                                     "stop_reason": final.stop_reason}
+        else:
+            shown = {"index": index, "text": choice.text, "logprobs": shown_logprobs, "finish_reason": reason,
+                     "stop_reason": final.stop_reason}
+            if self.req.return_token_ids:
+                shown["prompt_token_ids"] = self.prompt_ids
+        if self.req.return_token_ids:
+            shown["token_ids"] = final.output_token_ids
+        return shown
+
     def first_chunks(self) -> list[dict[str, Any]]:
+        """A chat stream's role announcement, once per choice (the first carries the prompt's ids if asked)."""
         if not self.is_chat:
             return []
-        chunk = self._chunk({"role": "assistant", "content": ""}, None, None)
+        chunks = [self._chunk(index, {"role": "assistant", "content": ""}, None, None) for index in range(self.req.n)]
         if self.req.return_token_ids:
-            chunk["prompt_token_ids"] = self.prompt_ids
-        return [chunk]
+            chunks[0]["prompt_token_ids"] = self.prompt_ids
+        return chunks
 
-    def chunks(self, output: RequestOutput) -> list[dict[str, Any]]:
+    def chunks(self, index: int, output: RequestOutput) -> list[dict[str, Any]]:
+        """The chunks for one choice's output; after the last choice's end, the usage chunk if asked."""
+        self._latest[index] = output
         reason = output.finish_reason.value if output.finished and output.finish_reason else None
         chunks = []
         tokens_shown = self.req.return_token_ids or self.num_logprobs is not None
         if output.new_text or reason is not None or (tokens_shown and output.new_token_ids):
             delta: Any = {"content": output.new_text} if self.is_chat else output.new_text
-            chunk = self._chunk(delta, reason, output.new_token_ids if self.req.return_token_ids else None)
+            chunk = self._chunk(index, delta, reason, output.new_token_ids if self.req.return_token_ids else None)
+            choice = chunk["choices"][0]
             if output.new_logprobs:
-                chunk["choices"][0]["logprobs"] = self._logprobs(output.new_token_ids, output.new_logprobs)
+                choice["logprobs"] = self._logprobs(index, output.new_token_ids, output.new_logprobs)
             if reason is not None:
-                chunk["choices"][0]["stop_reason"] = output.stop_reason
+                choice["stop_reason"] = output.stop_reason
             if self.req.return_token_ids and not self.is_chat and not self._prompt_ids_sent:
-                chunk["choices"][0]["prompt_token_ids"] = self.prompt_ids
+                choice["prompt_token_ids"] = self.prompt_ids
                 self._prompt_ids_sent = True
             if self.req.include_usage:
-                chunk["usage"] = self.usage(output) if self.req.continuous_usage else None
+                chunk["usage"] = self.usage(self._latest_outputs()) if self.req.continuous_usage else None
             chunks.append(chunk)
-        if output.finished and self.req.include_usage:
-            chunks.append({**self._envelope(self._chunk_object()), "choices": [], "usage": self.usage(output)})
+        if output.finished and self.req.include_usage and self._all_finished():
+            chunks.append({**self._envelope(self._chunk_object()), "choices": [],
+                           "usage": self.usage(self._latest_outputs())})
         return chunks
+
+    def _latest_outputs(self) -> list[RequestOutput]:
+        return [self._latest[index] for index in sorted(self._latest)]
+
+    def _all_finished(self) -> bool:
+        return len(self._latest) == self.req.n and all(output.finished for output in self._latest.values())
 
     def _chunk_object(self) -> str:
         return "chat.completion.chunk" if self.is_chat else "text_completion"
 
-    def _chunk(self, delta: Any, reason: str | None, token_ids: list[int] | None) -> dict[str, Any]:
+    def _chunk(self, index: int, delta: Any, reason: str | None, token_ids: list[int] | None) -> dict[str, Any]:
         if self.is_chat:
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
         else:
-            choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": reason}
+            choice = {"index": index, "text": delta, "logprobs": None, "finish_reason": reason}
         if token_ids is not None:
             choice["token_ids"] = token_ids
         return {**self._envelope(self._chunk_object()), "choices": [choice]}
 
-    def _logprobs(self, token_ids: list[int], logprobs: list[TokenLogprobs] | None) -> dict[str, Any] | None:
+    def _logprobs(self, index: int, token_ids: list[int],
+                  logprobs: list[TokenLogprobs] | None) -> dict[str, Any] | None:
         """These tokens' logprobs as the endpoint shows them (vLLM's and OpenAI's shapes); None when the
         client asked for none. A token is shown as its own bytes decoded (U+FFFD for part of a character:
         a chat's `bytes` carry the exact ones)."""
@@ -430,8 +471,9 @@ class _Shaper:
                    for top_id, top_logprob in zip(entry.top_token_ids, entry.top_logprobs)}
             top.setdefault(text, _finite(entry.logprob))  # the sampled token is always among them (as vLLM)
             top_logprobs.append(top)
-            text_offset.append(self._text_offset)
-            self._text_offset += len(text)
+            offset = self._text_offsets.get(index, 0)
+            text_offset.append(offset)
+            self._text_offsets[index] = offset + len(text)
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
                 "text_offset": text_offset}
 

@@ -70,6 +70,9 @@ UNSUPPORTED = [
     ("completion-logprobs-past-the-bound", parse_completion, completion(logprobs=21), "logprobs"),
     ("presence-penalty-past-2", parse_chat, chat(presence_penalty=2.5), "presence_penalty"),
     ("min-p-past-1", parse_chat, chat(min_p=1.5), "min_p"),
+    ("n-zero", parse_chat, chat(n=0), "n"),
+    ("n-past-128", parse_completion, completion(n=129), "n"),
+    ("n-float", parse_completion, completion(n=2.0), "n"),
     ("allowed-token-ids-negative", parse_chat, chat(allowed_token_ids=[3, -1]), "allowed_token_ids"),
     ("allowed-token-ids-not-a-list", parse_completion, completion(allowed_token_ids=3), "allowed_token_ids"),
     ("skip-special-tokens-not-bool", parse_completion, completion(skip_special_tokens="no"), "skip_special_tokens"),
@@ -133,6 +136,7 @@ def test_penalties_min_tokens_and_logit_bias_reach_the_sampling_params():
     assert sampling.min_tokens == 4 and sampling.logit_bias == ((7, -100.0), (11, 2.5))
     assert sampling.adjusts_logits and not parse_chat(chat(presence_penalty=0, logit_bias={})).sampling.adjusts_logits
     assert parse_chat(chat(min_tokens=40)).sampling.max_tokens == 40  # a placeholder until the room is known
+    assert (parse_chat(chat(n=4)).n, parse_chat(chat()).n) == (4, 1)
     more = parse_completion(completion(min_p=0.05, allowed_token_ids=[3, 5], skip_special_tokens=False)).sampling
     assert (more.min_p, more.allowed_token_ids, more.skip_special_tokens) == (0.05, (3, 5), False)
     assert more.adjusts_logits and parse_completion(completion()).sampling.skip_special_tokens

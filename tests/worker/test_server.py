@@ -184,7 +184,8 @@ BAD_INPUT = [
      "invalid_request_error"),
     ("temperature-negative", "/v1/completions", {"model": "tiny", "prompt": "hi", "temperature": -1}, 400,
      "invalid_request_error"),
-    ("n-two", "/v1/completions", {"model": "tiny", "prompt": "hi", "n": 2}, 400, "invalid_request_error"),
+    ("n-zero", "/v1/completions", {"model": "tiny", "prompt": "hi", "n": 0}, 400, "invalid_request_error"),
+    ("n-past-128", "/v1/completions", {"model": "tiny", "prompt": "hi", "n": 129}, 400, "invalid_request_error"),
     ("empty-messages", "/v1/chat/completions", {"model": "tiny", "messages": []}, 400, "invalid_request_error"),
     ("message-bad-role", "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "robot", "content": "x"}]},
      400, "invalid_request_error"),
@@ -217,9 +218,10 @@ def test_bad_input_gets_openai_error_and_worker_keeps_serving(worker_url, client
     assert ok.usage.completion_tokens == 1
 
 
-def test_client_that_disconnects_mid_stream_aborts_its_request(worker_url):
+@pytest.mark.parametrize("n", [1, 3], ids=["one-choice", "three-choices"])
+def test_client_that_disconnects_mid_stream_aborts_its_request(worker_url, n):
     body = {"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 400, "stream": True,
-            "ignore_eos": True, "temperature": 0}
+            "ignore_eos": True, "temperature": 0, "n": n}
     with httpx.stream("POST", f"{worker_url}/v1/completions", json=body, timeout=30) as response:
         for received, _ in enumerate(StreamReader().read(response.iter_lines()), start=1):
             if received == 3:

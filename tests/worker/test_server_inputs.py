@@ -34,15 +34,15 @@ def priorities(worker) -> list[int]:
     """The priority of every request the HTTP handlers hand to the engine, in order."""
     seen: list[int] = []
     engine = worker.state.engine
-    generate = engine.generate
+    generate_choices = engine.generate_choices
 
-    def recording_generate(request_id, prompt_token_ids, params, priority=0, timing=None):
+    def recording_generate_choices(request_ids, prompt_token_ids, params, priority=0, timing=None):
         seen.append(priority)
-        return generate(request_id, prompt_token_ids, params, priority, timing)
+        return generate_choices(request_ids, prompt_token_ids, params, priority, timing)
 
-    engine.generate = recording_generate
+    engine.generate_choices = recording_generate_choices
     yield seen
-    del engine.generate
+    del engine.generate_choices
 
 
 def test_the_tokenizer_has_ids_the_model_has_no_rows_for(short_vocab_dir):

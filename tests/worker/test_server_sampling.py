@@ -191,3 +191,44 @@ def test_stop_reason_names_the_stop_string_or_token_that_ended_the_answer(client
     assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].choices[0].model_extra["stop_reason"] == ids[3]
     plain = client.completions.create(prompt="The quick brown fox", **GREEDY).choices[0]
     assert (plain.finish_reason, plain.model_extra["stop_reason"]) == ("length", None)
+
+
+def test_n_choices_are_drawn_each_on_its_own_and_a_seed_repeats_them(client):
+    args = dict(model="tiny", prompt="The quick brown fox", max_tokens=6, temperature=1.0, seed=5, n=3,
+                extra_body={"ignore_eos": True, "return_token_ids": True})
+    result = client.completions.create(**args)
+
+    assert [choice.index for choice in result.choices] == [0, 1, 2]
+    drawn = [tuple(choice.model_extra["token_ids"]) for choice in result.choices]
+    assert len(set(drawn)) == 3 and all(len(ids) == 6 for ids in drawn)
+    assert result.usage.completion_tokens == 18 and result.usage.total_tokens == result.usage.prompt_tokens + 18
+    again = client.completions.create(**args)
+    assert [tuple(choice.model_extra["token_ids"]) for choice in again.choices] == drawn
+    single = client.completions.create(**{**args, "n": 1})
+    assert tuple(single.choices[0].model_extra["token_ids"]) == drawn[0]  # choice 0 draws as a request alone
+
+
+def test_n_streamed_choices_come_interleaved_each_whole_with_one_usage_at_the_end(client):
+    args = dict(model="tiny", messages=MESSAGES, max_tokens=5, temperature=1.0, seed=9, n=2, logprobs=True,
+                extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**args)
+    chunks = list(client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+
+    by_index: dict[int, list] = {0: [], 1: []}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        by_index[choice.index].append(choice)
+    for index, choices in by_index.items():
+        assert choices[0].delta.role == "assistant"
+        assert "".join(c.delta.content or "" for c in choices) == whole.choices[index].message.content
+        assert [e.token for c in choices if c.logprobs for e in c.logprobs.content] == \
+            [e.token for e in whole.choices[index].logprobs.content]
+        assert choices[-1].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10 == whole.usage.completion_tokens
+
+
+def test_greedy_choices_are_the_same_answer(client):
+    result = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0, n=2,
+                                            extra_body={"ignore_eos": True})
+    assert result.choices[0].message.content == result.choices[1].message.content
+    assert result.usage.completion_tokens == 8
