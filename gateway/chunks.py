@@ -1,10 +1,14 @@
 """Pieces of a streamed answer's chunks: tool-call deltas and logprobs folded into the whole answer (for a
-non-streaming client), a completions chunk's logprobs shown as a chat's (a chat continued through
-completions after a failover), and whether a chunk carries token ids."""
+non-streaming client), the parts of an answer's further choices (OpenAI's n), a completions chunk's
+logprobs shown as a chat's (a chat continued through completions after a failover), and whether a chunk
+carries token ids."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
+
+NOT_GIVEN: Any = object()  # a field the worker did not send (as opposed to one it sent as null)
 
 
 class ToolCalls:
@@ -44,6 +48,23 @@ class ToolCalls:
                 self._calls[index]["function"]["arguments"] += "".join(pieces)
                 pieces.clear()
         return [self._calls[index] for index in sorted(self._calls)]
+
+
+@dataclass(slots=True)
+class ChoiceParts:
+    """What a choice beyond an answer's first (n > 1) has streamed so far, kept for the whole answer
+    (the first choice's parts are the session's own)."""
+
+    text_parts: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    tool_calls: ToolCalls = field(default_factory=ToolCalls)
+    logprobs: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    stop_reason: Any = NOT_GIVEN
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
 
 
 def merge_logprobs(merged: dict[str, Any] | None, part: dict[str, Any]) -> dict[str, Any]:

@@ -198,7 +198,7 @@ class ProxyEndpoint:
             session = Session(req=req, ticket=ticket, permit=permit, fleet=self.fleet, upstream=self.upstream,
                               settings=self.settings, metrics=self.metrics,
                               tokenizer=self.tokenizers.get(req.model), rng=self.rng, offload=self.offload,
-                              tracer=tracer)
+                              tracer=tracer, n=body.get("n") or 1)
             return session, await session.start()
         except BaseException:
             dropped = session is not None and session.ticket.outcome in _DROPPED
@@ -428,10 +428,11 @@ def _workflow_step(value: str | None) -> int | None:
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:
+    """The most tokens the answer can take: max_tokens for each of its n choices."""
     for key in ("max_completion_tokens", "max_tokens"):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
+            return value * (body.get("n") or 1)
     return None
 
 

@@ -67,9 +67,13 @@ def parse_body(raw: bytes, kind: str, *, yielding: bool = False,
 
 
 # Fields the gateway cannot carry through retries and failover (it continues one answer, rendered with
-# the pool's own chat template, on any worker of the pool): refused with a 400 naming them, never passed on.
+# the pool's own chat template, on any worker of the pool), and n out of bounds: refused with a 400 naming
+# them, never passed on. n choices are served, but not continued after a failover (gateway/session.py).
+MAX_CHOICES = 128  # OpenAI's bound on n
+
 _UNSUPPORTED = {
-    "n": (lambda v: v is None or v == 1, "only one choice per request is supported (n must be 1)"),
+    "n": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_CHOICES),
+          f"n must be an integer in [1, {MAX_CHOICES}]"),
     "best_of": (lambda v: v is None or v == 1, "best_of must be 1"),
     "echo": (lambda v: v is None or v is False, "echo is not supported"),
     "chat_template": (lambda v: v is None, "a request's own chat_template is not supported: the pool's is used"),

@@ -8,9 +8,9 @@ a chat's are its rendered conversation), or, from a worker that gives no ids, th
 text already delivered (completions: appended to the prompt; chat: a partial assistant message
 with continue_final_message), with max_tokens reduced by what was delivered; its chunks are
 rewritten to carry the first stream's id (a chat's as chat chunks), so the client sees one stream (a tool
-call half streamed is not continued: the answer ends with an error). A non-streaming answer is
-assembled from the stream: text, tool calls and logprobs. Usage is the worker's, or counted from
-what was streamed when none came.
+call half streamed is not continued, nor an answer of n > 1 choices: it ends with an error). A
+non-streaming answer is assembled from the stream, choice by choice: text, tool calls and logprobs.
+Usage is the worker's, or counted from what was streamed when none came.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 from opentelemetry.trace import Span, Tracer
 from gateway.admission import Permit
-from gateway.chunks import ToolCalls, carries_token_ids, chat_logprobs, merge_logprobs
+from gateway.chunks import NOT_GIVEN, ChoiceParts, ToolCalls, carries_token_ids, chat_logprobs, merge_logprobs
 from gateway.continuation import text_continuation, token_id_continuation
 from gateway.errors import UpstreamError
 from gateway.fleet import Fleet
@@ -46,7 +46,6 @@ Write = Callable[[bytes, bool], Awaitable[None]]  # (data, more_body): a piece o
 BACKOFF_BASE_S = 0.025
 BACKOFF_CAP_S = 0.5
 _ROLE_FIELDS = frozenset(("role", "content"))  # a delta of these alone, without text, announces the role
-_NOT_GIVEN: Any = object()  # a field the worker did not send (as opposed to one it sent as null)
 
 
 def full_jitter_backoff_s(retry: int, rng: random.Random) -> float:
@@ -95,12 +94,13 @@ class Session:
     rng: random.Random
     offload: Offloader
     tracer: Tracer | None = None  # spans per attempt and failover (gateway/telemetry.py); None: tracing off
+    n: int = 1  # the answer's choices (OpenAI's n); the fields below are the first's, more_choices the others'
     # what happened so far
     tried: list[str] = field(default_factory=list)
     attempt: Attempt | None = None
     text_parts: list[str] = field(default_factory=list)  # the answer's text as it came (see `text`)
     finish_reason: str | None = None
-    stop_reason: Any = _NOT_GIVEN  # the worker's stop_reason (vLLM's: a stop string or token id, or null), if given
+    stop_reason: Any = NOT_GIVEN  # the worker's stop_reason (vLLM's: a stop string or token id, or null), if given
     usage: dict[str, Any] | None = None
     usage_raw: bytes | None = None
     first_payload: dict[str, Any] | None = None
@@ -117,7 +117,8 @@ class Session:
     prompt_token_ids: list[int] | None = None  # the prompt as the first worker tokenized (chat: rendered) it
     tool_calls: ToolCalls = field(default_factory=ToolCalls)  # streamed tool-call deltas, folded
     logprobs: dict[str, Any] | None = None  # the choice's logprobs, concatenated across chunks (collect() only)
-    num_token_chunks: int = 0  # chunks that carried text or a tool call (about a token each)
+    num_token_chunks: int = 0  # chunks that carried text or a tool call (about a token each), every choice's
+    more_choices: dict[int, ChoiceParts] = field(default_factory=dict)  # by index, from 1 (n > 1)
     end_reason: str | None = None  # why the answer stopped short, when it did
     error_status: int | None = None  # the status of the error the answer ended with
     ended: bool = False
@@ -281,7 +282,7 @@ class Session:
                 if self.attempt.eof:
                     raise UpstreamError("protocol", "stream ended before it finished")
             except UpstreamError as error:
-                if self.finish_reason is not None:  # only the trailer was lost
+                if self._every_choice_finished():  # only the trailer was lost
                     self.done = True
                     break
                 if out:  # what this read gave before its error event reaches the client first
@@ -317,6 +318,9 @@ class Session:
             self.first_payload = payload
             # the prompt as the worker tokenized it: a chat's first chunk carries it, a completion's choice
             self.prompt_token_ids = payload.get("prompt_token_ids") or choice.get("prompt_token_ids")
+        if self.n > 1 and choice.get("index"):
+            self._take_further_choice(choice)
+            return True
         token_ids = choice.get("token_ids")
         if token_ids:
             self.token_ids.extend(token_ids)
@@ -352,6 +356,38 @@ class Session:
             if not self.req.client_stream:  # a stream's client has them chunk by chunk: only an assembled answer keeps them
                 self.logprobs = merge_logprobs(self.logprobs, logprobs)
         return True
+
+    def _take_further_choice(self, choice: dict[str, Any]) -> None:
+        """A chunk of a choice beyond the first (n > 1): its parts are kept apart, for the whole answer."""
+        parts = self.more_choices.get(choice["index"])
+        if parts is None:
+            parts = self.more_choices[choice["index"]] = ChoiceParts()
+        token_ids = choice.get("token_ids")
+        if token_ids:
+            parts.token_ids.extend(token_ids)
+        if choice.get("finish_reason") is not None:
+            parts.finish_reason = choice["finish_reason"]
+            parts.stop_reason = choice.get("stop_reason", NOT_GIVEN)
+        delta = choice.get("delta")
+        text = choice.get("text") if delta is None else (delta or {}).get("content")
+        tool_calls = None if delta is None else (delta or {}).get("tool_calls")
+        if text or tool_calls:
+            if self.first_token_s is None:  # the answer's first token, whichever choice has it
+                self._mark_token()
+            if text:
+                parts.text_parts.append(text)
+            self.num_token_chunks += 1
+            if tool_calls:
+                parts.tool_calls.add(tool_calls)
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict) and not self.req.client_stream:
+            parts.logprobs = merge_logprobs(parts.logprobs, logprobs)
+
+    def _every_choice_finished(self) -> bool:
+        if self.finish_reason is None:
+            return False
+        return self.n == 1 or all(self.more_choices.get(index) is not None
+                                  and self.more_choices[index].finish_reason is not None for index in range(1, self.n))
 
     @property
     def text(self) -> str:
@@ -438,6 +474,10 @@ class Session:
             self.end_reason = "failover_failed"
             raise ApiError(502, f"worker failed mid-stream ({error}) during a tool call, which cannot be continued "
                            "on another worker", "upstream_error", code="failover_failed")
+        if self.n > 1:  # one continuation goes on one answer; n of them cannot be told apart in one
+            self.end_reason = "failover_failed"
+            raise ApiError(502, f"worker failed mid-stream ({error}) with {self.n} choices (n), which cannot be "
+                           "continued on another worker", "upstream_error", code="failover_failed")
         self.failovers += 1
         # the continuation's offsets go on from the last token's end as the worker counted it (a token's own
         # decoded text: not always the answer's characters, where the tokenizer joins tokens with spaces)
@@ -523,10 +563,11 @@ class Session:
         if usage is not None or self.first_token_s is None:
             return usage
         prompt = self.ticket.decision.num_prompt_tokens or 0
+        more = self.more_choices.values()
         if self.token_ids:
-            completion = len(self.token_ids)
+            completion = len(self.token_ids) + sum(len(parts.token_ids) for parts in more)
         elif self.tokenizer is not None:
-            completion = len(self.tokenizer.encode_text(self.text))
+            completion = sum(len(self.tokenizer.encode_text(text)) for text in (self.text, *(p.text for p in more)))
         else:  # engines stream about a token a chunk
             completion = self.num_token_chunks
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
@@ -535,26 +576,38 @@ class Session:
     def _full_response(self) -> dict[str, Any]:
         first = self.first_payload or {}
         usage = self.final_usage()
-        if self.req.kind == "chat":
-            message: dict[str, Any] = {"role": "assistant", "content": self.text}
-            if self.tool_calls:
-                message["content"] = self.text or None
-                message["tool_calls"] = self.tool_calls.calls()
-            choice = {"index": 0, "message": message, "logprobs": self.logprobs, "finish_reason": self.finish_reason}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": self.text, "logprobs": self.logprobs, "finish_reason": self.finish_reason}
-            obj = "text_completion"
-        body = {"id": first.get("id"), "object": obj, "created": first.get("created"),
-                "model": first.get("model", self.req.model), "choices": [choice]}
-        if self.stop_reason is not _NOT_GIVEN:
-            choice["stop_reason"] = self.stop_reason
+        first_choice = ChoiceParts([self.text], self.token_ids, self.tool_calls, self.logprobs, self.finish_reason,
+                                   self.stop_reason)
+        parts = [first_choice, *(self.more_choices.get(index) or ChoiceParts() for index in range(1, self.n))]
+        choices = [self._whole_choice(index, choice) for index, choice in enumerate(parts)]
+        body = {"id": first.get("id"), "object": "chat.completion" if self.req.kind == "chat" else "text_completion",
+                "created": first.get("created"), "model": first.get("model", self.req.model), "choices": choices}
         if "system_fingerprint" in first:
             body["system_fingerprint"] = first["system_fingerprint"]
-        if self.req.body.get("return_token_ids"):  # where the worker puts them in its own non-streaming answer
-            if self.prompt_token_ids is not None:
-                (body if self.req.kind == "chat" else choice)["prompt_token_ids"] = self.prompt_token_ids
-            choice["token_ids"] = self.token_ids
+        if self.req.body.get("return_token_ids") and self.prompt_token_ids is not None:
+            if self.req.kind == "chat":  # where the worker puts them in its own non-streaming answer
+                body["prompt_token_ids"] = self.prompt_token_ids
+            else:
+                for choice in choices:
+                    choice["prompt_token_ids"] = self.prompt_token_ids
         if usage is not None:
             body["usage"] = usage
         return body
+
+    def _whole_choice(self, index: int, parts: ChoiceParts) -> dict[str, Any]:
+        """One choice of the whole answer, from what its chunks carried."""
+        text = parts.text
+        if self.req.kind == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if parts.tool_calls:
+                message["content"] = text or None
+                message["tool_calls"] = parts.tool_calls.calls()
+            choice = {"index": index, "message": message, "logprobs": parts.logprobs,
+                      "finish_reason": parts.finish_reason}
+        else:
+            choice = {"index": index, "text": text, "logprobs": parts.logprobs, "finish_reason": parts.finish_reason}
+        if parts.stop_reason is not NOT_GIVEN:
+            choice["stop_reason"] = parts.stop_reason
+        if self.req.body.get("return_token_ids"):
+            choice["token_ids"] = parts.token_ids
+        return choice

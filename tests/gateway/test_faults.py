@@ -113,6 +113,21 @@ def test_a_streams_logprobs_go_on_through_a_failover_as_an_uninterrupted_run_has
         assert [sorted(top) for top in tops] == [sorted(top) for top in want["top_logprobs"]]
 
 
+def test_a_worker_killed_mid_stream_of_n_choices_ends_the_stream_with_a_clear_error(gateway_model_dir, tmp_path):
+    """One continuation goes on one answer: n choices are not continued, the client is told so."""
+    with ExitStack() as stack:
+        by_name, gateway = two_workers_behind_a_gateway(stack, gateway_model_dir, tmp_path)
+        body = {"model": MODEL, "prompt": "Paged attention stores keys and values", "max_tokens": 300, "n": 2,
+                "temperature": 0, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{gateway.url}/v1/completions", json=body, headers=AUTH, timeout=60) as response:
+            victim = by_name[response.headers["x-kvgate-worker"]]
+            _, payloads = stream_text(response, lambda n: n == 5 and victim.proc.send_signal(signal.SIGKILL))
+        assert victim.proc.wait(timeout=5) == -signal.SIGKILL
+
+    assert payloads[-1]["error"]["code"] == "failover_failed" and "choices" in payloads[-1]["error"]["message"]
+    assert {c["index"] for p in payloads[:-1] for c in p["choices"]} == {0, 1}
+
+
 def test_breaker_opens_on_a_worker_returning_503_and_no_request_fails(gateway_model_dir, tmp_path):
     with ExitStack() as stack:
         bad = stack.enter_context(running(fake_worker_process("status503")))

@@ -212,3 +212,35 @@ def test_the_workers_stop_reason_reaches_the_client_collected_and_streamed(clien
 
     assert (collected.finish_reason, collected.model_extra["stop_reason"]) == ("stop", stop)
     assert (streamed[-1].finish_reason, streamed[-1].model_extra["stop_reason"]) == ("stop", stop)
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_n_choices_through_the_gateway_are_the_workers_collected_and_streamed(client, direct, kind):
+    if kind == "chat":
+        args = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me about paged attention"}],
+                    max_tokens=8, temperature=1.0, seed=3, n=3, logprobs=True, extra_body={"ignore_eos": True})
+        create = lambda c, **more: c.chat.completions.create(**args, **more)  # noqa: E731
+        text_of = lambda choice: choice.message.content  # noqa: E731
+        piece_of = lambda choice: choice.delta.content or ""  # noqa: E731
+    else:
+        args = dict(model=MODEL, prompt="Paged attention stores", max_tokens=8, temperature=1.0, seed=3, n=3,
+                    extra_body={"ignore_eos": True})
+        create = lambda c, **more: c.completions.create(**args, **more)  # noqa: E731
+        text_of = piece_of = lambda choice: choice.text  # noqa: E731
+
+    from_worker = create(direct)
+    collected = create(client)
+    chunks = list(create(client, stream=True, stream_options={"include_usage": True}))
+
+    expected = [text_of(choice) for choice in from_worker.choices]
+    assert len(set(expected)) > 1  # seeded choices draw tokens of their own
+    assert [text_of(choice) for choice in collected.choices] == expected
+    assert [choice.index for choice in collected.choices] == [0, 1, 2]
+    assert [choice.finish_reason for choice in collected.choices] == ["length"] * 3
+    assert collected.usage.completion_tokens == from_worker.usage.completion_tokens == 24
+    if kind == "chat":
+        assert [[e.token for e in c.logprobs.content] for c in collected.choices] == \
+            [[e.token for e in c.logprobs.content] for c in from_worker.choices]
+    streamed = ["".join(piece_of(c) for chunk in chunks for c in chunk.choices if c.index == index)
+                for index in range(3)]
+    assert streamed == expected and chunks[-1].usage.completion_tokens == 24
