@@ -371,14 +371,13 @@ class Session:
         delta = choice.get("delta")
         text = choice.get("text") if delta is None else (delta or {}).get("content")
         tool_calls = None if delta is None else (delta or {}).get("tool_calls")
-        if text or tool_calls:
-            if self.first_token_s is None:  # the answer's first token, whichever choice has it
-                self._mark_token()
-            if text:
-                parts.text_parts.append(text)
-            self.num_token_chunks += 1
-            if tool_calls:
-                parts.tool_calls.add(tool_calls)
+        if text:
+            parts.text_parts.append(text)
+        if tool_calls:
+            parts.tool_calls.add(tool_calls)
+        if (text or tool_calls) and self.first_token_s is None:  # the answer's first token, whichever choice's
+            self._mark_token()
+        self.num_token_chunks += bool(text or tool_calls)
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, dict) and not self.req.client_stream:
             parts.logprobs = merge_logprobs(parts.logprobs, logprobs)
