@@ -577,8 +577,9 @@ class Session:
         usage = self.final_usage()
         first_choice = ChoiceParts([self.text], self.token_ids, self.tool_calls, self.logprobs, self.finish_reason,
                                    self.stop_reason)
-        parts = [first_choice, *(self.more_choices.get(index) or ChoiceParts() for index in range(1, self.n))]
-        choices = [self._whole_choice(index, choice) for index, choice in enumerate(parts)]
+        # the choices the worker gave (one, from a worker that ignores n)
+        choices = [self._whole_choice(0, first_choice),
+                   *(self._whole_choice(index, self.more_choices[index]) for index in sorted(self.more_choices))]
         body = {"id": first.get("id"), "object": "chat.completion" if self.req.kind == "chat" else "text_completion",
                 "created": first.get("created"), "model": first.get("model", self.req.model), "choices": choices}
         if "system_fingerprint" in first:

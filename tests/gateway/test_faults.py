@@ -274,3 +274,13 @@ def test_with_every_worker_failing_retries_stay_in_budget_and_clients_get_fast_5
         assert calls == requests + retries
         assert retries <= 0.1 * requests + 0.2 * 10
         assert metric_value(gateway.url, "kvgate_retry_budget_refusals_total") > 0
+
+
+def test_a_worker_that_ignores_n_gives_the_collecting_client_the_one_choice_it_made(tmp_path):
+    with ExitStack() as stack:
+        worker = stack.enter_context(running(fake_worker_process("answer")))
+        gateway = start_gateway(stack, gateway_config([worker_entry("w0", worker.url)], None), tmp_path)
+        response = httpx.post(f"{gateway.url}/v1/completions", headers=AUTH, timeout=30,
+                              json={"model": MODEL, "prompt": "hi", "max_tokens": 1, "n": 2})
+    assert response.status_code == 200
+    assert [choice["index"] for choice in response.json()["choices"]] == [0]  # no empty choice made up
