@@ -82,7 +82,7 @@ class EngineCrashed(RuntimeError):
 
 
 class AsyncEngine:
-    """Thread-safe front of an Engine: `generate()` is an async iterator of RequestOutputs."""
+    """Thread-safe front of an Engine: `generate_choices()` is an async iterator of a request's outputs."""
 
     def __init__(self, engine: Engine, step_events: list | None = None, publisher: EventPublisher | None = None,
                  observer: StepObserver | None = None, clock: Callable[[], float] = time.monotonic,
@@ -121,26 +121,15 @@ class AsyncEngine:
         """The loop stopped for an error, not for shutdown()."""
         return self._crash is not None
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       priority: int = 0, timing: RequestTiming | None = None) -> AsyncIterator[RequestOutput]:
-        """Yield outputs until the request finishes; leaving early (disconnect) aborts it.
-
-        request_id must be unique among the requests running. timing, when given, is filled in by the
-        engine thread (its arrival_s is the caller's); read it once the request has ended."""
-        choices = self.generate_choices([request_id], prompt_token_ids, [params], priority, timing)
-        try:
-            async for _, output in choices:
-                yield output
-        finally:
-            await choices.aclose()
-
     async def generate_choices(self, request_ids: list[str], prompt_token_ids: list[int],
                                params: list[SamplingParams], priority: int = 0,
                                timing: RequestTiming | None = None) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """The choices of one request (OpenAI's n): one engine request each over the same prompt, with
-        its own sampling params; yields (choice index, output) as outputs come, until every one has
-        finished. Leaving early aborts those still running; an error of any one ends them all. timing
-        (see generate) is the first choice's."""
+        """A request's choices (OpenAI's n; one for most): one engine request each over the same prompt,
+        with its own sampling params; yields (choice index, output) as outputs come, until every one has
+        finished. Leaving early (a disconnect) aborts those still running; an error of any one ends them
+        all. request_ids must be unique among the requests running. timing, when given, is the first
+        choice's, filled in by the engine thread (its arrival_s is the caller's); read it once the
+        request has ended."""
         if not self.is_alive:
             raise EngineShutDown("the engine is not running")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())

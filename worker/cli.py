@@ -128,7 +128,7 @@ def build_state(executor: Executor, tokenizer: ModelTokenizer, model_dir: Path, 
     return WorkerState(engine=async_engine, tokenizer=tokenizer, served_model_name=config.model_name,
                        model_root=str(model_dir), executor_name=executor.name, block_size=config.block_size,
                        max_model_len=engine.max_model_len, metrics=metrics, num_token_ids=executor.vocab_size,
-                       telemetry=telemetry, computes_logprobs=engine.computes_logprobs)
+                       telemetry=telemetry)
 
 
 def uvicorn_config(app, args: argparse.Namespace) -> uvicorn.Config:

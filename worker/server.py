@@ -59,15 +59,13 @@ class WorkerState:
     metrics: WorkerMetrics
     num_token_ids: int  # rows of the model's embedding: a prompt's token ids must be below this
     telemetry: RequestTelemetry
-    computes_logprobs: bool = False  # whether the executor has a distribution to report (torch: yes; sim: no)
     created_s: int = dataclasses.field(default_factory=lambda: int(time.time()))
     engine_ids: Iterator[int] = dataclasses.field(default_factory=itertools.count)  # the engine ids' suffixes
     offload: Offloader = dataclasses.field(default_factory=Offloader)  # a large body is prepared off the loop
-    token_bytes: TokenBytes | None = None  # each token's bytes, for logprobs (from tokenizer when not given)
+    token_bytes: TokenBytes = dataclasses.field(init=False)  # each token's bytes, for logprobs
 
     def __post_init__(self) -> None:
-        if self.token_bytes is None:
-            self.token_bytes = TokenBytes(self.tokenizer.tokenizer)
+        self.token_bytes = TokenBytes(self.tokenizer.tokenizer)
 
 
 def build_app(state: WorkerState) -> Starlette:
@@ -183,7 +181,7 @@ def _prepare(state: WorkerState, raw: bytes, kind: str, header_priority: int | N
     data = parse_json_object(raw, yielding=yielding, max_prompt_tokens=state.max_model_len)
     req = (parse_completion if kind == "completion" else parse_chat)(data, header_priority)
     _check_model(state, req.model)
-    if req.sampling.logprobs is not None and not state.computes_logprobs:
+    if req.sampling.logprobs is not None and not state.engine.engine.computes_logprobs:
         raise ApiError(400, f"logprobs are not available from this worker's {state.executor_name} executor: it "
                        "computes no distribution over tokens", param="logprobs")
     sampling = req.sampling
