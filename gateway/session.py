@@ -337,8 +337,7 @@ class Session:
                 self.role_sent = True
         if finish_reason is not None:
             self.finish_reason = finish_reason
-            if "stop_reason" in choice:  # vLLM's field: the stop string or token id that ended it
-                self.stop_reason = choice["stop_reason"]
+            self.stop_reason = choice.get("stop_reason", NOT_GIVEN)  # vLLM's: the stop string or token id
         if text or tool_calls:
             self._mark_token()
             if text:
