@@ -8,7 +8,9 @@ kv_aware's 10 s), each decision also runs the expiry path; the default 4,000 ite
 the samples include it. The judged decision runs with the router's key cache off (every decision
 hashes all 512 blocks); a second run with it on reports the decision for a prompt whose blocks
 were seen before (a conversation's next turn). Tokenization is measured apart (a small BPE
-trained here, so absolute numbers differ from a real model's tokenizer). The KV-event rate is
+trained here, so absolute numbers differ from a real model's tokenizer): a whole encode, and with
+the routing tokenizer's prefix cache a conversation's next turn and a completions prompt whose long
+context a prompt before it had (router/text_prefix_cache.py). The KV-event rate is
 measured through the real subscriber (ZMQ, decode, apply), judged with 32 events per message.
 After the index fills, gc.freeze() moves everything allocated so far out of the collector's
 generations (as a long-running gateway's steady state would be), so a collection during a
@@ -209,7 +211,7 @@ def tokenization_latency(iterations: int) -> dict:
     template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
                 "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
     cached = RoutingTokenizer(tokenizer, template)
-    uncached = RoutingTokenizer(tokenizer, template, prefix_cache_entries=0)
+    uncached = RoutingTokenizer(tokenizer, template, prefix_cache_tokens=0)
     rng = random.Random(1)
     messages: list[dict] = []
     while len(uncached.encode_chat(messages or [{"role": "user", "content": ""}])) < PROMPT_TOKENS:
@@ -226,12 +228,28 @@ def tokenization_latency(iterations: int) -> dict:
         start = time.perf_counter()
         cached.encode_chat(turn)
         cached_samples.append(time.perf_counter() - start)
+    # completions: one long context, a new question each time (RAG, vLLM's prefix_repetition benchmark)
+    context = " ".join(" ".join(m["content"] for m in messages).split()[:PROMPT_TOKENS])
+    full_prompt_samples, cached_prompt_samples = [], []
+    for i in range(iterations):
+        prompt = f"{context}\nQuestion {i}: " + " ".join(rng.choices(words, k=48))
+        start = time.perf_counter()
+        uncached.encode_prompt(prompt)
+        full_prompt_samples.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        cached.encode_prompt(prompt)
+        cached_prompt_samples.append(time.perf_counter() - start)
     return {
         "prompt_tokens": len(uncached.encode_chat(messages)),
         "full_encode_p50_us": percentile_us(full_samples, 0.5),
         "full_encode_p99_us": percentile_us(full_samples, 0.99),
         "prefix_cached_p50_us": percentile_us(cached_samples, 0.5),
         "prefix_cached_p99_us": percentile_us(cached_samples, 0.99),
+        "completion_prompt_tokens": len(uncached.encode_prompt(prompt)),
+        "completion_full_encode_p50_us": percentile_us(full_prompt_samples, 0.5),
+        "completion_full_encode_p99_us": percentile_us(full_prompt_samples, 0.99),
+        "completion_prefix_cached_p50_us": percentile_us(cached_prompt_samples[1:], 0.5),
+        "completion_prefix_cached_p99_us": percentile_us(cached_prompt_samples[1:], 0.99),
         "note": "small BPE trained in the benchmark, not a production tokenizer",
     }
 
@@ -315,6 +333,8 @@ blocks were seen before, as a conversation's history is on its next turn). Block
 | subscriber, one event per message | {single["events_per_s"]:,.0f} events/s | (reported) | |
 | chat tokenization, {t["prompt_tokens"]:,} tokens, full encode p50 / p99 | {t["full_encode_p50_us"]:.0f} / {t["full_encode_p99_us"]:.0f} µs | | |
 | chat tokenization, next turn with the prefix cache p50 / p99 | {t["prefix_cached_p50_us"]:.0f} / {t["prefix_cached_p99_us"]:.0f} µs | | |
+| completions tokenization, {t["completion_prompt_tokens"]:,} tokens, full encode p50 / p99 | {t["completion_full_encode_p50_us"]:.0f} / {t["completion_full_encode_p99_us"]:.0f} µs | | |
+| completions tokenization, the same context and a new question, with the prefix cache p50 / p99 | {t["completion_prefix_cached_p50_us"]:.0f} / {t["completion_prefix_cached_p99_us"]:.0f} µs | | |
 
 Tokenization uses {t["note"]}. The subscriber rows publish from another process over ZMQ ipc as
 fast as it can; the rate counts from the first batch applied to the last.

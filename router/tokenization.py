@@ -6,31 +6,26 @@ deeper than MAX_JSON_DEPTH (InputTooDeepError), and prompts longer than a given 
 
 Thread-safe: the gateway tokenizes a large prompt in a worker thread beside its event loop
 (kvgate/offload.py); the tokenizer is called so that it lets go of the interpreter lock, and the
-prefix cache is locked.
+prefix cache (router/text_prefix_cache.py) is locked.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 from array import array
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jinja2
-import xxhash
 from tokenizers import Tokenizer
 
 from kvgate.chat_template import ChatTemplateError, compile_chat_template
 from kvgate.offload import encode_releasing_gil
 from router.block_keys import _U32_TYPECODE
 from router.errors import InputTooDeepError, PromptTooLongError
+from router.text_prefix_cache import DEFAULT_MAX_TOKENS, TextPrefixCache
 
-_h128 = xxhash.xxh3_128_intdigest
-_SENTINEL = "a"  # any plain text: a first segment to drop again
 _APPROX_TOKEN_BYTES = 4  # approximate mode: one "token" per 4 bytes of UTF-8
 MAX_JSON_DEPTH = 64
 """How deep messages and tools may nest objects/arrays (a chat message's content parts are 4 deep)."""
@@ -39,24 +34,15 @@ MAX_JSON_DEPTH = 64
 _NORMALIZER_MERGE_CHARS = 4
 
 
-@dataclass(frozen=True, slots=True)
-class _CachedRender:
-    """A rendered conversation: where to cut it (just before its last special token) and its tokens."""
-
-    text_len: int
-    text_hash: int
-    cut_char: int
-    cut_token: int
-    token_ids: array
-
-
 class RoutingTokenizer:
     """Token ids for routing. mode is "exact" (the model's tokenizer) or "approximate".
 
     Chat: encode(render(messages, add_generation_prompt=True), add_special_tokens=False), as a
     vLLM-style worker does; completions: encode(prompt, add_special_tokens=True); token-id
-    prompts pass through. Earlier turns of a conversation are reused from an LRU when the new
-    render extends a cached one, cut just before a special token (a safe boundary).
+    prompts pass through. A text (a chat's render, a completions prompt) that starts with one
+    tokenized before (a conversation's earlier turns, a shared system prompt or context) reuses its
+    tokens and is tokenized only from where it differs (prefix_cache: router/text_prefix_cache.py;
+    prefix_cache_tokens bounds it, 0 turns it off).
     """
 
     def __init__(
@@ -65,29 +51,26 @@ class RoutingTokenizer:
         chat_template: str | None,
         *,
         special_tokens: Mapping[str, str] | None = None,
-        prefix_cache_entries: int = 256,
+        prefix_cache_tokens: int = DEFAULT_MAX_TOKENS,
         approx_chunk_bytes: int = 4,
     ) -> None:
-        if prefix_cache_entries < 0:
-            raise ValueError("prefix_cache_entries must be >= 0")
+        if prefix_cache_tokens < 0:
+            raise ValueError("prefix_cache_tokens must be >= 0")
         if approx_chunk_bytes != 4:
             raise ValueError("approx_chunk_bytes must be 4 (one u32 per chunk)")
         self.mode = "exact" if tokenizer is not None else "approximate"
-        self.prefix_cache_hits = 0
-        self.prefix_cache_misses = 0
         self._tokenizer = tokenizer
         self._template = compile_chat_template(chat_template) if chat_template else None
         self._special_tokens = dict(special_tokens or {})
-        self._special_ids = frozenset(
-            i for i, t in (tokenizer.get_added_tokens_decoder().items() if tokenizer else ()) if t.special
-        )
-        self._cache: OrderedDict[int, _CachedRender] = OrderedDict()
-        self._cache_lock = threading.Lock()  # the gateway tokenizes large prompts in a thread (kvgate.offload)
-        self._cache_entries = prefix_cache_entries
         self._max_token_chars: int | None = None  # the longest vocabulary entry, read on first use
+        self.prefix_cache = (TextPrefixCache(self._encode_plain, prefix_cache_tokens)
+                             if tokenizer is not None and prefix_cache_tokens else None)
+        # what add_special_tokens=True puts around a completions prompt's own tokens (None: not simply
+        # around them; such a prompt is encoded whole)
+        self._added_around = _added_special_tokens(tokenizer) if tokenizer is not None else None
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path, *, prefix_cache_entries: int = 256) -> RoutingTokenizer:
+    def from_dir(cls, model_dir: str | Path, *, prefix_cache_tokens: int = DEFAULT_MAX_TOKENS) -> RoutingTokenizer:
         """Load tokenizer.json and the chat template (chat_template.jinja, else tokenizer_config.json)."""
         folder = Path(model_dir)
         tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -100,7 +83,7 @@ class RoutingTokenizer:
             tokenizer,
             template,
             special_tokens={k: v for k, v in specials.items() if v is not None},
-            prefix_cache_entries=prefix_cache_entries,
+            prefix_cache_tokens=prefix_cache_tokens,
         )
 
     @classmethod
@@ -130,9 +113,24 @@ class RoutingTokenizer:
         self._check_text_fits(prompt, max_num_tokens)
         if self._tokenizer is None:
             return _approximate_ids(prompt)
-        token_ids = encode_releasing_gil(self._tokenizer, prompt, True).ids
+        token_ids = self._encode(prompt, add_special_tokens=True)
         check_num_tokens(len(token_ids), max_num_tokens)
         return token_ids
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """text's token ids, through the prefix cache (which keeps texts' own tokens: what
+        add_special_tokens puts around them is added here)."""
+        around = self._added_around if add_special_tokens else ([], [])
+        if self.prefix_cache is None or around is None:
+            return encode_releasing_gil(self._tokenizer, text, add_special_tokens).ids
+        before, after = around
+        token_ids = self.prefix_cache.encode(text)
+        return [*before, *token_ids, *after] if before or after else token_ids
+
+    def _encode_plain(self, text: str) -> tuple[list[int], list[int]]:
+        """text's token ids without special tokens, and where each token starts (TextPrefixCache's encode)."""
+        encoding = encode_releasing_gil(self._tokenizer, text, False)
+        return encoding.ids, [start for start, _ in encoding.offsets]
 
     def render_chat(
         self,
@@ -167,16 +165,7 @@ class RoutingTokenizer:
         self._check_text_fits(text, max_num_tokens)
         if self._tokenizer is None:
             return _approximate_ids(text)
-        hashes = _message_hashes(messages, tools, template_kwargs)
-        token_ids = self._from_cache(text, hashes) if self._cache_entries else None
-        if token_ids is None:
-            with self._cache_lock:
-                self.prefix_cache_misses += 1
-            encoding = encode_releasing_gil(self._tokenizer, text, False)
-            token_ids = encoding.ids
-            self._store(hashes[-1], text, token_ids, encoding.offsets, 0, 0, None)
-            if len(messages) > 1 and self._cache_entries:
-                self._store_shared_head(messages[:-1], hashes[-2], text, encoding, tools, template_kwargs)
+        token_ids = self._encode(text, add_special_tokens=False)
         check_num_tokens(len(token_ids), max_num_tokens)
         return token_ids
 
@@ -221,99 +210,16 @@ class RoutingTokenizer:
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"chat template failed: {exc}") from exc
 
-    def _store_shared_head(self, head: list[Mapping[str, Any]], key: int, text: str, encoding: Any,
-                           tools: Any, template_kwargs: Mapping[str, Any]) -> None:
-        """Also cache the conversation minus its last message (e.g. a long system prompt), so a
-        request that shares only that head (same system prompt, new question) reuses its tokens."""
-        try:
-            head_text = self._render(head, tools, False, template_kwargs)
-        except ChatTemplateError:
-            return
-        if not head_text or not text.startswith(head_text):
-            return
-        cut = None
-        for j, (token_id, (start, _)) in enumerate(zip(encoding.ids, encoding.offsets)):
-            if start > len(head_text):
-                break
-            if token_id in self._special_ids:
-                cut = j
-        if cut is None or cut == 0:
-            return
-        cut_char = encoding.offsets[cut][0]
-        ids = array(_U32_TYPECODE, encoding.ids[:cut])
-        self._put(key, _CachedRender(len(head_text), _h128(head_text.encode()), cut_char, cut, ids))
 
-    # -- prefix cache ----------------------------------------------------------------------------
-
-    def _from_cache(self, text: str, hashes: list[int]) -> list[int] | None:
-        for key in reversed(hashes[:-1]):
-            with self._cache_lock:
-                entry = self._cache.get(key)
-            if entry is None:
-                continue
-            if len(text) < entry.text_len or _h128(text[: entry.text_len].encode()) != entry.text_hash:
-                continue
-            with self._cache_lock:
-                if key in self._cache:  # another thread may have evicted it meanwhile
-                    self._cache.move_to_end(key)
-                self.prefix_cache_hits += 1
-            suffix_ids, suffix_offsets = self._encode_suffix(text[entry.cut_char :])
-            token_ids = entry.token_ids[: entry.cut_token].tolist() + suffix_ids
-            base_char = entry.cut_char - len(_SENTINEL)
-            self._store(hashes[-1], text, suffix_ids, suffix_offsets, base_char, entry.cut_token, entry, token_ids)
-            return token_ids
-        return None
-
-    def _encode_suffix(self, suffix: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """Tokens of suffix (which starts with a special token) as they are inside the full text.
-
-        A sentinel segment goes first so the text after the special token is not the input's first
-        segment (pre-tokenizers such as Metaspace prepend_scheme="first" treat that one apart);
-        the sentinel's tokens are dropped again.
-        """
-        encoding = encode_releasing_gil(self._tokenizer, _SENTINEL + suffix, False)
-        ids, offsets = encoding.ids, encoding.offsets
-        start = next(i for i, token_id in enumerate(ids) if token_id in self._special_ids)
-        return ids[start:], offsets[start:]  # offsets still count the sentinel
-
-    def _store(
-        self,
-        key: int,
-        text: str,
-        new_ids: list[int],
-        new_offsets: list[tuple[int, int]],
-        base_char: int,
-        base_token: int,
-        previous: _CachedRender | None,
-        all_ids: list[int] | None = None,
-    ) -> None:
-        """Cache text's tokens with its last cut: just before the last special token."""
-        cut = next((j for j in range(len(new_ids) - 1, -1, -1) if new_ids[j] in self._special_ids), None)
-        if cut is not None:
-            cut_char, cut_token = base_char + new_offsets[cut][0], base_token + cut
-        elif previous is not None:
-            cut_char, cut_token = previous.cut_char, previous.cut_token
-        else:
-            return
-        ids = array(_U32_TYPECODE, all_ids if all_ids is not None else new_ids)
-        self._put(key, _CachedRender(len(text), _h128(text.encode()), cut_char, cut_token, ids))
-
-    def _put(self, key: int, entry: _CachedRender) -> None:
-        with self._cache_lock:
-            self._cache[key] = entry
-            self._cache.move_to_end(key)
-            while len(self._cache) > self._cache_entries:
-                self._cache.popitem(last=False)
-
-
-def _message_hashes(messages: Sequence[Mapping[str, Any]], tools: Any, template_kwargs: Mapping[str, Any]) -> list[int]:
-    """h_0 = hash(tools, kwargs); h_k = xxh3_128(h_{k-1} || json(messages[k-1])): one per prefix."""
-    digest = _h128(_canonical({"tools": tools, "kwargs": template_kwargs}))
-    hashes = [digest]
-    for message in messages:
-        digest = _h128(digest.to_bytes(16, "little") + _canonical(message))
-        hashes.append(digest)
-    return hashes
+def _added_special_tokens(tokenizer: Tokenizer) -> tuple[list[int], list[int]] | None:
+    """The ids encode(..., add_special_tokens=True) puts before and after a text's own (a BOS, say),
+    read off a sample; None when they are not simply around it (a prompt is then encoded whole)."""
+    sample = "Hello world, 12 tokens."
+    plain, full = tokenizer.encode(sample, add_special_tokens=False).ids, tokenizer.encode(sample).ids
+    for start in range(len(full) - len(plain) + 1):
+        if full[start:start + len(plain)] == plain:
+            return full[:start], full[start + len(plain):]
+    return None
 
 
 def check_num_tokens(num_tokens: int, max_num_tokens: int | None) -> None:
@@ -353,10 +259,6 @@ def _is_mapping(value: Any) -> bool:
 def _is_container(value: Any) -> bool:
     kind = type(value)
     return kind is dict or kind is list or (kind not in _SCALARS and isinstance(value, _CONTAINERS))
-
-
-def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str).encode()
 
 
 def _approximate_ids(text: str) -> list[int]:

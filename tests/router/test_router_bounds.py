@@ -265,15 +265,15 @@ def test_ids_tokenized_for_one_pool_are_checked_again_against_the_pool_routed_to
 
 def test_the_routing_tokenizer_gives_the_same_ids_from_many_threads(exact_tokenizer_dir) -> None:
     """Its prefix cache is shared by the event loop and the gateway's offload thread."""
-    shared = RoutingTokenizer.from_dir(exact_tokenizer_dir, prefix_cache_entries=16)  # evictions race lookups
+    shared = RoutingTokenizer.from_dir(exact_tokenizer_dir, prefix_cache_tokens=2_000)  # evictions race lookups
     system = {"role": "system", "content": "You are a helpful assistant. " * 20}
     conversations = [[system, {"role": "user", "content": f"question {i} " * (i % 7 + 1)}] for i in range(200)]
-    expected = [RoutingTokenizer.from_dir(exact_tokenizer_dir, prefix_cache_entries=0).encode_chat(c)
+    expected = [RoutingTokenizer.from_dir(exact_tokenizer_dir, prefix_cache_tokens=0).encode_chat(c)
                 for c in conversations]
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(shared.encode_chat, conversations * 3))
     assert got == expected * 3
-    assert shared.prefix_cache_hits > 0
+    assert shared.prefix_cache.hits > 0
 
 
 def test_depth_is_counted_through_any_mapping_or_sequence_not_only_dicts_and_lists() -> None:

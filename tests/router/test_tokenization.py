@@ -30,17 +30,17 @@ def model_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     return write_model_dir(tmp_path / "model", kind, template)
 
 
-def conversation(num_messages: int) -> list[dict[str, str]]:
-    return [{"role": role, "content": text} for role, text in TURNS[:num_messages]]
+def conversation(num_messages: int, repeat: int = 1) -> list[dict[str, str]]:
+    return [{"role": role, "content": text * repeat} for role, text in TURNS[:num_messages]]
 
 
 def test_multi_turn_prefix_cache_equals_a_full_encode(model_dir: Path) -> None:
     cached = RoutingTokenizer.from_dir(model_dir)
-    uncached = RoutingTokenizer.from_dir(model_dir, prefix_cache_entries=0)
+    uncached = RoutingTokenizer.from_dir(model_dir, prefix_cache_tokens=0)
     for turn in range(1, len(TURNS) + 1, 2):
-        messages = conversation(turn)
+        messages = conversation(turn, repeat=8)  # long enough to cache (router/text_prefix_cache.py's chunks)
         assert cached.encode_chat(messages) == uncached.encode_chat(messages), f"turn {turn}"
-    assert cached.prefix_cache_hits >= 2
+    assert cached.prefix_cache.hits >= 2
 
 
 def test_chat_encode_is_the_rendered_text_without_added_special_tokens(model_dir: Path) -> None:
@@ -75,7 +75,7 @@ def test_raise_exception_in_the_template_is_a_chat_template_error(tmp_path: Path
 def test_changed_history_is_not_served_from_the_cache(tmp_path: Path) -> None:
     folder = write_model_dir(tmp_path / "m", "byte_level", CHATML_TEMPLATE)
     tok = RoutingTokenizer.from_dir(folder)
-    full = RoutingTokenizer.from_dir(folder, prefix_cache_entries=0)
+    full = RoutingTokenizer.from_dir(folder, prefix_cache_tokens=0)
     tok.encode_chat(conversation(3))
     edited = conversation(5)
     edited[0] = {"role": "user", "content": "something else entirely"}
@@ -104,9 +104,9 @@ def test_matches_transformers_apply_chat_template(tmp_path: Path) -> None:
 
 def test_requests_sharing_only_a_system_prompt_reuse_its_tokens(model_dir: Path) -> None:
     cached = RoutingTokenizer.from_dir(model_dir)
-    uncached = RoutingTokenizer.from_dir(model_dir, prefix_cache_entries=0)
+    uncached = RoutingTokenizer.from_dir(model_dir, prefix_cache_tokens=0)
     system = {"role": "system", "content": "You are a careful assistant. " * 50}
     for question in ["first question?", "a second, different question", "12345 67890"]:
         messages = [system, {"role": "user", "content": question}]
         assert cached.encode_chat(messages) == uncached.encode_chat(messages), question
-    assert cached.prefix_cache_hits == 2
+    assert cached.prefix_cache.hits == 2

@@ -66,12 +66,12 @@ def test_messages_the_worker_rejects_still_render_for_routing(tok: RoutingTokeni
 
 def test_prefix_cache_serves_a_conversation_with_parts_like_a_full_encode(tmp_path: Path) -> None:
     folder = write_model_dir(tmp_path / "m", "byte_level", CHATML_TEMPLATE)
-    cached, full = RoutingTokenizer.from_dir(folder), RoutingTokenizer.from_dir(folder, prefix_cache_entries=0)
+    cached, full = RoutingTokenizer.from_dir(folder), RoutingTokenizer.from_dir(folder, prefix_cache_tokens=0)
     history = [{"role": "developer", "content": [{"type": "text", "text": "Be brief. " * 20}]}, user(QUESTION)]
     cached.encode_chat(history)
     longer = [*history, {"role": "assistant", "content": "4"}, user([{"type": "text", "text": "and 3+3?"}])]
     assert cached.encode_chat(longer) == full.encode_chat(longer)
-    assert cached.prefix_cache_hits == 1
+    assert cached.prefix_cache.hits == 1
 
 
 def test_approximate_mode_renders_the_normalised_messages() -> None:

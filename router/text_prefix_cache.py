@@ -1,0 +1,161 @@
+"""Token ids of texts seen before, reused for a new text that starts with one: a completions prompt
+that shares a long prefix (a RAG context, an agent's instructions, vLLM's prefix_repetition
+benchmark) is tokenized only from where it differs, not from its start, on every request.
+
+A text is found by its prefix: digests of its first CHUNK_CHARS, 2 x CHUNK_CHARS, ... characters
+(one xxh3 stream over the text), each mapped to the latest cached text that starts with those
+characters. The deepest shared chunk gives the cut: the last token of the cached text that starts
+at least MARGIN_CHARS before the chunk's end (a pre-tokenizer may look a character or two ahead).
+
+Tokenizing from the middle of a text is not always what a full encode gives (a cut inside a
+pre-token, a Metaspace tokenizer that marks its input's first word), so the junction is checked
+on every reuse: the new text is encoded from JUNCTION_TOKENS tokens before the cut, and the cached
+tokens are reused only if that encode has a token starting exactly at the cut and, past its first
+token (which a Metaspace tokenizer marks), the cached tokens up to it. Otherwise the text is encoded
+whole. Bounded by max_tokens (the cached texts' tokens, least recently used first out).
+
+Thread-safe: the gateway tokenizes a large prompt in a worker thread beside its event loop; the
+tables are locked, the encodes run outside the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from bisect import bisect_left, bisect_right
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import xxhash
+
+CHUNK_CHARS = 256  # prefix granularity: a shared prefix is reused up to its last whole chunk
+MARGIN_CHARS = 8  # a cut this far before the shared chunk's end: the pre-tokenizer's lookahead stays inside it
+JUNCTION_TOKENS = 4  # tokens before the cut, at least, that the new encode must reproduce
+MAX_WINDOW_TOKENS = 64  # how far before that the new encode may start, looking for a word's start
+DEFAULT_MAX_TOKENS = 1 << 20  # ~8 MiB of cached ids and offsets
+
+# plain text -> (token ids, each token's start character): the tokenizer's encode without special tokens
+Encode = Callable[[str], tuple[list[int], list[int]]]
+_TYPECODE = "I" if array("I").itemsize == 4 else "L"
+
+
+@dataclass(slots=True)
+class _Text:
+    """A cached text's tokens (plain: no special tokens added) and the digests that lead to it."""
+
+    ids: array
+    starts: array
+    digests: list[int]
+
+
+class TextPrefixCache:
+    """encode(text) -> token ids equal to encode_plain(text), reusing the tokens of a cached text
+    that shares its first chunks. hits / misses count the texts long enough to look up."""
+
+    def __init__(self, encode_plain: Encode, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        self.max_tokens = max_tokens
+        self.hits = 0
+        self.misses = 0
+        self._encode = encode_plain
+        self._lock = threading.Lock()
+        self._texts: OrderedDict[int, _Text] = OrderedDict()  # by id(), least recently used first
+        self._by_digest: dict[int, tuple[_Text, int]] = {}  # prefix digest -> (cached text, chunks)
+        self._num_tokens = 0
+
+    def encode(self, text: str) -> list[int]:
+        digests = _prefix_digests(text)
+        if not digests:
+            return self._encode(text)[0]
+        reused = self._reuse(text, digests)
+        if reused is None:
+            ids, starts = self._encode(text)
+            self._store(_Text(array(_TYPECODE, ids), array(_TYPECODE, starts), digests))
+            return ids
+        self._store(reused)
+        return reused.ids.tolist()
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def _reuse(self, text: str, digests: list[int]) -> _Text | None:
+        """The tokens of text from a cached text sharing its deepest chunk, if the junction holds."""
+        with self._lock:
+            found = None
+            for chunks in range(len(digests), 0, -1):
+                found = self._by_digest.get(digests[chunks - 1])
+                if found is not None:
+                    self._texts.move_to_end(id(found[0]))
+                    break
+            if found is None:
+                self.misses += 1
+                return None
+        cached, chunks = found
+        starts = cached.starts
+        cut = _token_start_at_or_before(starts, bisect_right(starts, chunks * CHUNK_CHARS - MARGIN_CHARS) - 1)
+        window = _word_start_at_or_before(text, starts, cut - JUNCTION_TOKENS)
+        if window < 0:
+            return self._missed()
+        window_char, cut_char = starts[window], starts[cut]
+        new_ids, new_starts = self._encode(text[window_char:])
+        at = bisect_left(new_starts, cut_char - window_char)  # the new encode's first token at the cut
+        if (at == len(new_starts) or new_starts[at] != cut_char - window_char
+                or new_ids[:at] != cached.ids[window:cut].tolist()):
+            return self._missed()
+        with self._lock:
+            self.hits += 1
+        ids, starts = cached.ids[:cut], starts[:cut]
+        ids.extend(new_ids[at:])
+        starts.extend([start + window_char for start in new_starts[at:]])
+        return _Text(ids, starts, digests)
+
+    def _missed(self) -> None:
+        with self._lock:
+            self.misses += 1
+        return None
+
+    def _store(self, entry: _Text) -> None:
+        with self._lock:
+            self._texts[id(entry)] = entry
+            self._num_tokens += len(entry.ids)
+            for chunks, digest in enumerate(entry.digests, 1):
+                self._by_digest[digest] = (entry, chunks)
+            while self._num_tokens > self.max_tokens and len(self._texts) > 1:
+                _, gone = self._texts.popitem(last=False)
+                self._num_tokens -= len(gone.ids)
+                for digest in gone.digests:
+                    if self._by_digest.get(digest, (None,))[0] is gone:  # not since taken by a later text
+                        del self._by_digest[digest]
+
+
+def _token_start_at_or_before(starts: array, index: int) -> int:
+    """index, or the token before it whose start character differs from its predecessor's: tokens of
+    one character (byte-level pieces of a multi-byte character) share a start, and a cut between
+    them is no boundary. -1 when there is none."""
+    while index > 0 and starts[index - 1] == starts[index]:
+        index -= 1
+    return index
+
+
+def _word_start_at_or_before(text: str, starts: array, index: int) -> int:
+    """The last token at or before index that starts with a space (a word's start: where a
+    pre-tokenizer splits, and where a Metaspace tokenizer's mark of its input's first word is the
+    word's own), within MAX_WINDOW_TOKENS; -1 when there is none."""
+    for i in range(index, max(-1, index - MAX_WINDOW_TOKENS), -1):
+        if text[starts[i]] == " " and (i == 0 or starts[i - 1] != starts[i]):
+            return i
+    return -1
+
+
+def _prefix_digests(text: str) -> list[int]:
+    """The digest of each whole chunk prefix of text: its first CHUNK_CHARS characters, then 2 x, ..."""
+    if len(text) < CHUNK_CHARS:
+        return []
+    stream = xxhash.xxh3_128()
+    digests = []
+    for end in range(CHUNK_CHARS, len(text) + 1, CHUNK_CHARS):
+        stream.update(text[end - CHUNK_CHARS:end].encode("utf-8", "surrogatepass"))
+        digests.append(stream.intdigest())
+    return digests
