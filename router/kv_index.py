@@ -17,7 +17,7 @@ an allocation clock (blocks the worker has stored, from its events), the keys pi
 routed there and not yet ended (record_prediction pins, release unpins), and for other keys the
 clock when each was last stored or freed. An engine's prefix cache evicts the least recently
 freed block when it needs one, so a key freed more allocations ago than the worker can make
-before it must evict it is about to go, or gone. match(eviction_horizons=...) counts a worker's
+before it must evict it is about to go, or gone. match(eviction_horizon=...) counts a worker's
 prefix only up to its first such key, confirmed or predicted (ages grow along a chain: a prompt
 uses every block of its prefix).
 
@@ -457,14 +457,15 @@ class KvIndex:
 
     # -- lookup --------------------------------------------------------------------------------
 
-    def match(self, keys: Sequence[int], eviction_horizons: Mapping[str, int] | None = None
+    def match(self, keys: Sequence[int], eviction_horizon: Callable[[str], int | None] | None = None
               ) -> dict[str, tuple[int, int]]:
         """{worker: (confirmed_prefix_blocks, predicted_prefix_blocks)} for workers holding keys[0].
 
         A prefix length n means the worker holds keys 0..n-1; absent workers hold (0, 0).
-        eviction_horizons: for a worker whose capacity is known, how many more blocks it can
+        eviction_horizon(worker): for a worker whose capacity is known, how many more blocks it can
         allocate before it evicts a block it could hold now (its free blocks, less those the work
-        queued ahead will take); keys last used longer ago than that are not counted.
+        queued ahead will take; None: not known); keys last used longer ago than that are not
+        counted. Asked only of the workers that hold keys[0].
         """
         self._expire(self._clock())
         names = self._worker_of_slot
@@ -480,16 +481,22 @@ class KvIndex:
             for slot, length in _predicted_prefix_lengths(keys, predicted).items():
                 name = names[slot]
                 result[name] = (result.get(name, _NONE)[0], length)
-        if eviction_horizons:
-            for name, (confirmed, predicted_len) in list(result.items()):
-                worker, horizon = self._workers[name], eviction_horizons.get(name)
-                if horizon is not None and worker.models_eviction:
-                    fresh = _fresh_prefix(keys, max(confirmed, predicted_len), worker.last_used, worker.in_use,
-                                          worker.blocks_allocated - horizon)
-                    if fresh:
-                        result[name] = (min(confirmed, fresh), min(predicted_len, fresh))
-                    else:
-                        del result[name]
+        if eviction_horizon is not None and result:
+            workers, evicted = self._workers, None
+            for name, (confirmed, predicted_len) in result.items():
+                worker = workers[name]
+                if not worker.models_eviction or (horizon := eviction_horizon(name)) is None:
+                    continue
+                length = max(confirmed, predicted_len)
+                fresh = _fresh_prefix(keys, length, worker.last_used, worker.in_use, worker.blocks_allocated - horizon)
+                if fresh < length:  # changed after the loop: a dict is not resized while it is walked
+                    evicted = evicted or []
+                    evicted.append((name, min(confirmed, fresh), min(predicted_len, fresh)))
+            for name, confirmed, predicted_len in evicted or ():
+                if confirmed or predicted_len:
+                    result[name] = (confirmed, predicted_len)
+                else:
+                    del result[name]
         return result
 
     # -- report --------------------------------------------------------------------------------
@@ -556,18 +563,19 @@ def _predicted_prefix_lengths(keys: Sequence[int], masks: dict[int, int]) -> dic
 def _fresh_prefix(keys: Sequence[int], length: int, last_used: Mapping[int, int], in_use: Mapping[int, int],
                   oldest: int) -> int:
     """How many of keys[:length] lead in use by a request, or last used after oldest (clock values
-    fall along a chain, so by bisection; a key never seen counts as evicted)."""
+    fall along a chain, so by bisection; a key never seen counts as evicted). Runs for each worker
+    holding a prompt's first key, each decision: the usual answer, the whole prefix, takes one check."""
+    if length == 0:
+        return 0
     get = last_used.get
-
-    def fresh(key: int) -> bool:
-        return key in in_use or get(key, _NEVER_USED) > oldest
-
-    if length == 0 or fresh(keys[length - 1]):
+    key = keys[length - 1]
+    if key in in_use or get(key, _NEVER_USED) > oldest:
         return length
     lo, hi = 0, length - 1  # keys[:lo] are fresh, keys[hi] is not
     while lo < hi:
         mid = (lo + hi) // 2
-        if fresh(keys[mid]):
+        key = keys[mid]
+        if key in in_use or get(key, _NEVER_USED) > oldest:
             lo = mid + 1
         else:
             hi = mid

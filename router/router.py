@@ -211,8 +211,8 @@ class Router:
         num_prompt_tokens = len(token_ids)
         seed = model_seed(req.model, self._cache_salts.get(req.tenant) if req.tenant else None)
         keys_by_size = self._keys_by_block_size(token_ids, seed, {s.block_size for s in specs})
-        horizons = self._eviction_horizons(specs)
-        matches = {size: self._index.match(keys, horizons) for size, keys in keys_by_size.items()}
+        horizon = self._eviction_horizons()
+        matches = {size: self._index.match(keys, horizon) for size, keys in keys_by_size.items()}
         views = self._views(specs, matches)
         policy = self._policy(rule)
         placed_keys = keys_by_size[specs[0].block_size]
@@ -318,22 +318,24 @@ class Router:
         packed = pack_tokens_u32le(token_ids)
         return {size: self._key_cache.keys(packed, size, seed) for size in sizes}
 
-    def _eviction_horizons(self, specs: list[WorkerSpec]) -> dict[str, int] | None:
-        """Per worker of known capacity: the blocks it can still allocate before evicting one it
-        holds now: its free blocks less the uncached prompts dispatched to it ahead (KvIndex.match
-        counts keys freed longer ago as evicted). Blocks in use: the scraped KV usage, or if more,
-        the prompt blocks of the requests routed there plus a partly filled block each (the
-        scrape is up to an interval old)."""
-        loads, horizons, index = self._load.loads, None, self._index
-        for spec in specs:
-            if spec.num_blocks is not None:
-                load = loads[spec.worker_id]
-                in_use = max(spec.num_blocks * (load.kv_usage_frac or 0.0),
-                             index.blocks_in_use(spec.worker_id) + load.in_flight_requests)
-                horizons = horizons or {}
-                queued_blocks = load.prefill_tokens_queued // spec.block_size
-                horizons[spec.worker_id] = int(spec.num_blocks - in_use) - queued_blocks
-        return horizons
+    def _eviction_horizons(self) -> Callable[[str], int | None]:
+        """A worker's eviction horizon, for KvIndex.match: for a worker of known capacity, the blocks
+        it can still allocate before evicting one it holds now: its free blocks less the uncached
+        prompts dispatched to it ahead (match counts keys freed longer ago as evicted). Blocks in
+        use: the scraped KV usage, or if more, the prompt blocks of the requests routed there plus a
+        partly filled block each (the scrape is up to an interval old). None where the capacity is
+        unknown. Asked of every worker holding a prompt's first block, each decision."""
+        specs, loads, blocks_in_use = self._specs, self._load.loads, self._index.blocks_in_use
+
+        def horizon(worker_id: str) -> int | None:
+            spec, load = specs.get(worker_id), loads.get(worker_id)
+            if spec is None or load is None or (num_blocks := spec.num_blocks) is None:
+                return None
+            scraped = num_blocks * (load.kv_usage_frac or 0.0)
+            routed = blocks_in_use(worker_id) + load.in_flight_requests
+            return int(num_blocks - (scraped if scraped > routed else routed)) - load.prefill_tokens_queued // spec.block_size
+
+        return horizon
 
     def _views(self, specs: list[WorkerSpec], matches: dict[int, dict[str, tuple[int, int]]]) -> list[WorkerView]:
         # every candidate was added to the load view with its spec; WorkerView(...) runs a Python __new__

@@ -338,27 +338,27 @@ def test_a_prefix_used_more_allocations_ago_than_the_horizon_is_not_counted(size
     store_chain(sized, "w0", tokens, 1)
     store_chain(sized, "w0", chain(5000, 60)[0], 100)  # 60 blocks allocated since
     assert sized.match(keys) == {"w0": (10, 0)}  # still indexed: the capacity holds 70 blocks
-    assert sized.match(keys, {"w0": 61}) == {"w0": (10, 0)}
-    assert sized.match(keys, {"w0": 50}) == {}  # 50 more allocations before the prompt is computed: gone
+    assert sized.match(keys, {"w0": 61}.get) == {"w0": (10, 0)}
+    assert sized.match(keys, {"w0": 50}.get) == {}  # 50 more allocations before the prompt is computed: gone
 
 
 def test_routing_a_prompt_to_a_worker_makes_its_prefix_recent_again(sized: KvIndex) -> None:
     tokens, keys = chain(1000, 10)
     store_chain(sized, "w0", tokens, 1)
     store_chain(sized, "w0", chain(5000, 80)[0], 100)
-    assert sized.match(keys, {"w0": 20}) == {}
+    assert sized.match(keys, {"w0": 20}.get) == {}
     sized.record_prediction("w0", tuple(keys[:6]))  # a request sharing the first six blocks went there
-    assert sized.match(keys, {"w0": 20}) == {"w0": (6, 6)}
+    assert sized.match(keys, {"w0": 20}.get) == {"w0": (6, 6)}
 
 
 def test_a_prediction_is_not_counted_once_the_worker_has_allocated_past_it(sized: KvIndex) -> None:
     _, keys = chain(1000, 10)
     sized.record_prediction("w0", tuple(keys))
     sized.release("w0", keys)  # its request ended: the blocks are free, evictable from now on
-    assert sized.match(keys, {"w0": 100}) == {"w0": (0, 10)}
+    assert sized.match(keys, {"w0": 100}.get) == {"w0": (0, 10)}
     store_chain(sized, "w0", chain(5000, 90)[0], 100)  # the worker stored 90 blocks of other prompts since
-    assert sized.match(keys, {"w0": 100}) == {"w0": (0, 10)}
-    assert sized.match(keys, {"w0": 80}) == {}
+    assert sized.match(keys, {"w0": 100}.get) == {"w0": (0, 10)}
+    assert sized.match(keys, {"w0": 80}.get) == {}
 
 
 def test_blocks_of_a_request_in_flight_are_not_evicted_and_age_from_its_end(sized: KvIndex) -> None:
@@ -366,13 +366,13 @@ def test_blocks_of_a_request_in_flight_are_not_evicted_and_age_from_its_end(size
     sized.record_prediction("w0", tuple(keys))
     sized.record_prediction("w0", tuple(keys[:4]))  # a second request holds the first four blocks
     store_chain(sized, "w0", chain(5000, 90)[0], 100)
-    assert sized.match(keys, {"w0": 0}) == {"w0": (0, 10)}  # held by running requests: not evictable
+    assert sized.match(keys, {"w0": 0}.get) == {"w0": (0, 10)}  # held by running requests: not evictable
     assert sized.blocks_in_use("w0") == 10
     sized.release("w0", keys)
     assert sized.blocks_in_use("w0") == 4
     store_chain(sized, "w0", chain(9000, 30)[0], 300)
-    assert sized.match(keys, {"w0": 29}) == {"w0": (0, 4)}  # freed 30 allocations ago; the rest still held
-    assert sized.match(keys, {"w0": 36}) == {"w0": (0, 10)}
+    assert sized.match(keys, {"w0": 29}.get) == {"w0": (0, 4)}  # freed 30 allocations ago; the rest still held
+    assert sized.match(keys, {"w0": 36}.get) == {"w0": (0, 10)}
 
 
 def test_a_released_prompt_is_evicted_tail_first(sized: KvIndex) -> None:
@@ -382,9 +382,9 @@ def test_a_released_prompt_is_evicted_tail_first(sized: KvIndex) -> None:
     sized.record_prediction("w0", tuple(keys))
     sized.release("w0", keys)
     store_chain(sized, "w0", chain(5000, 20)[0], 100)  # 20 allocations since
-    assert sized.match(keys, {"w0": 30}) == {"w0": (0, 10)}
-    assert sized.match(keys, {"w0": 24}) == {"w0": (0, 4)}  # the 6 deepest freed blocks are the first to go
-    assert sized.match(keys, {"w0": 20}) == {}
+    assert sized.match(keys, {"w0": 30}.get) == {"w0": (0, 10)}
+    assert sized.match(keys, {"w0": 24}.get) == {"w0": (0, 4)}  # the 6 deepest freed blocks are the first to go
+    assert sized.match(keys, {"w0": 20}.get) == {}
 
 
 def test_a_peer_replicas_prediction_counts_until_the_worker_allocates_past_it(sized: KvIndex) -> None:
@@ -394,10 +394,10 @@ def test_a_peer_replicas_prediction_counts_until_the_worker_allocates_past_it(si
     _, keys = chain(1000, 10)
     sized.record_prediction("w0", tuple(keys), pin=False)
     assert sized.blocks_in_use("w0") == 0
-    assert sized.match(keys, {"w0": 100}) == {"w0": (0, 10)}
+    assert sized.match(keys, {"w0": 100}.get) == {"w0": (0, 10)}
     store_chain(sized, "w0", chain(5000, 90)[0], 100)  # the worker stored 90 blocks of other prompts since
-    assert sized.match(keys, {"w0": 100}) == {"w0": (0, 10)}
-    assert sized.match(keys, {"w0": 80}) == {}
+    assert sized.match(keys, {"w0": 100}.get) == {"w0": (0, 10)}
+    assert sized.match(keys, {"w0": 80}.get) == {}
 
 
 def test_a_prediction_lands_when_its_request_has_computed_the_prompt(sized: KvIndex) -> None:
@@ -425,14 +425,14 @@ def test_a_worker_of_unknown_capacity_is_not_judged_on_eviction(sized: KvIndex) 
     tokens, keys = chain(1000, 10)
     store_chain(sized, "w1", tokens, 1)
     store_chain(sized, "w1", chain(5000, 500)[0], 100)
-    assert sized.match(keys, {"w1": 0}) == {"w1": (10, 0)}
+    assert sized.match(keys, {"w1": 0}.get) == {"w1": (10, 0)}
 
 
 def test_a_cleared_worker_holds_nothing_it_was_predicted_to(sized: KvIndex) -> None:
     _, keys = chain(1000, 10)
     sized.record_prediction("w0", tuple(keys))
     sized.apply("w0", [AllBlocksCleared()])
-    assert sized.match(keys, {"w0": 100}) == {}
+    assert sized.match(keys, {"w0": 100}.get) == {}
 
 
 def test_last_use_entries_stay_bounded_by_the_capacity(sized: KvIndex) -> None:
@@ -450,7 +450,7 @@ def test_last_use_entries_stay_bounded_while_peers_route_to_a_worker_whose_event
         sized.record_prediction("w0", tuple(chain(10_000 + 100 * i, 10)[1]), pin=False)
     assert len(sized._workers["w0"].last_used) <= 4 * 100 + 4096
     _, last_keys = chain(10_000 + 100 * 499, 10)
-    assert sized.match(last_keys, {"w0": 100}) == {"w0": (0, 10)}
+    assert sized.match(last_keys, {"w0": 100}.get) == {"w0": (0, 10)}
 
 
 def test_a_capacity_learned_later_caps_the_blocks_and_models_evictions_from_then(clock) -> None:
@@ -459,11 +459,11 @@ def test_a_capacity_learned_later_caps_the_blocks_and_models_evictions_from_then
     tokens, keys = chain(1000, 10)
     store_chain(index, "w0", tokens, 1)
     index.set_capacity("w0", 8)  # the two oldest blocks go; the rest count as freed now
-    assert index.match(keys, {"w0": 8}) == {}  # its first blocks are gone: no prefix left
+    assert index.match(keys, {"w0": 8}.get) == {}  # its first blocks are gone: no prefix left
     index2 = KvIndex(clock=clock)
     index2.add_worker("w0", model_name=MODEL)
     store_chain(index2, "w0", tokens, 1)
     index2.set_capacity("w0", 100)
-    assert index2.match(keys, {"w0": 50}) == {"w0": (10, 0)}
+    assert index2.match(keys, {"w0": 50}.get) == {"w0": (10, 0)}
     store_chain(index2, "w0", chain(5000, 60)[0], 100)
-    assert index2.match(keys, {"w0": 50}) == {}
+    assert index2.match(keys, {"w0": 50}.get) == {}
