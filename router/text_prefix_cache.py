@@ -1,5 +1,6 @@
-"""Token ids of texts seen before, reused for a new text that starts with one: a completions prompt
-that shares a long prefix (a RAG context, an agent's instructions, vLLM's prefix_repetition
+"""Token ids of texts seen before, reused for a new text that starts with one: a conversation's
+next turn (its render starts with the last one's), a chat or completions prompt sharing a long
+system prompt or context (a RAG context, an agent's instructions, vLLM's prefix_repetition
 benchmark) is tokenized only from where it differs, not from its start, on every request.
 
 A text is found by its prefix: digests of its first CHUNK_CHARS, 2 x CHUNK_CHARS, ... characters
@@ -8,11 +9,13 @@ characters. The deepest shared chunk gives the cut: the last token of the cached
 at least MARGIN_CHARS before the chunk's end (a pre-tokenizer may look a character or two ahead).
 
 Tokenizing from the middle of a text is not always what a full encode gives (a cut inside a
-pre-token, a Metaspace tokenizer that marks its input's first word), so the junction is checked
-on every reuse: the new text is encoded from JUNCTION_TOKENS tokens before the cut, and the cached
-tokens are reused only if that encode has a token starting exactly at the cut and, past its first
-token (which a Metaspace tokenizer marks), the cached tokens up to it. Otherwise the text is encoded
-whole. Bounded by max_tokens (the cached texts' tokens, least recently used first out).
+pre-token; a Metaspace tokenizer marks its input's first word), so the new text is encoded from a
+word's start (a token beginning with a space, where pre-tokenizers split and where the Metaspace
+mark is the word's own) at least JUNCTION_TOKENS tokens before the cut, and the cached tokens are
+reused only if that encode has a token starting exactly at the cut and the cached tokens before it,
+from the word on. Otherwise the text is encoded whole (tests compare both ways over texts made to
+split awkwardly: runs of spaces, multi-byte characters, digits, contractions). Bounded by max_tokens
+(the cached texts' tokens, least recently used out first).
 
 Thread-safe: the gateway tokenizes a large prompt in a worker thread beside its event loop; the
 tables are locked, the encodes run outside the lock.
@@ -33,7 +36,7 @@ CHUNK_CHARS = 256  # prefix granularity: a shared prefix is reused up to its las
 MARGIN_CHARS = 8  # a cut this far before the shared chunk's end: the pre-tokenizer's lookahead stays inside it
 JUNCTION_TOKENS = 4  # tokens before the cut, at least, that the new encode must reproduce
 MAX_WINDOW_TOKENS = 64  # how far before that the new encode may start, looking for a word's start
-DEFAULT_MAX_TOKENS = 1 << 20  # ~8 MiB of cached ids and offsets
+DEFAULT_MAX_TOKENS = 1 << 20  # ~10 MiB: the ids, their offsets and the prefix digests (4 characters a token)
 
 # plain text -> (token ids, each token's start character): the tokenizer's encode without special tokens
 Encode = Callable[[str], tuple[list[int], list[int]]]
