@@ -10,7 +10,7 @@ hashes all 512 blocks); a second run with it on reports the decision for a promp
 were seen before (a conversation's next turn). Tokenization is measured apart (a small BPE
 trained here, so absolute numbers differ from a real model's tokenizer): a whole encode, and with
 the routing tokenizer's prefix cache a conversation's next turn and a completions prompt whose long
-context a prompt before it had (router/text_prefix_cache.py). The KV-event rate is
+context a prompt before it had (kvgate/text_prefix_cache.py). The KV-event rate is
 measured through the real subscriber (ZMQ, decode, apply), judged with 32 events per message.
 After the index fills, gc.freeze() moves everything allocated so far out of the collector's
 generations (as a long-running gateway's steady state would be), so a collection during a

@@ -6,7 +6,7 @@ deeper than MAX_JSON_DEPTH (InputTooDeepError), and prompts longer than a given 
 
 Thread-safe: the gateway tokenizes a large prompt in a worker thread beside its event loop
 (kvgate/offload.py); the tokenizer is called so that it lets go of the interpreter lock, and the
-prefix cache (router/text_prefix_cache.py) is locked.
+prefix cache (kvgate/text_prefix_cache.py) is locked.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from tokenizers import Tokenizer
 
 from kvgate.chat_template import ChatTemplateError, compile_chat_template
 from kvgate.offload import encode_releasing_gil
+from kvgate.text_prefix_cache import DEFAULT_MAX_TOKENS, PrefixTokenizer
 from router.block_keys import _U32_TYPECODE
 from router.errors import InputTooDeepError, PromptTooLongError
-from router.text_prefix_cache import DEFAULT_MAX_TOKENS, TextPrefixCache
 
 _APPROX_TOKEN_BYTES = 4  # approximate mode: one "token" per 4 bytes of UTF-8
 MAX_JSON_DEPTH = 64
@@ -41,7 +41,7 @@ class RoutingTokenizer:
     vLLM-style worker does; completions: encode(prompt, add_special_tokens=True); token-id
     prompts pass through. A text (a chat's render, a completions prompt) that starts with one
     tokenized before (a conversation's earlier turns, a shared system prompt or context) reuses its
-    tokens and is tokenized only from where it differs (prefix_cache: router/text_prefix_cache.py;
+    tokens and is tokenized only from where it differs (prefix_cache: kvgate/text_prefix_cache.py;
     prefix_cache_tokens bounds it, 0 turns it off).
     """
 
@@ -63,11 +63,8 @@ class RoutingTokenizer:
         self._template = compile_chat_template(chat_template) if chat_template else None
         self._special_tokens = dict(special_tokens or {})
         self._max_token_chars: int | None = None  # the longest vocabulary entry, read on first use
-        self.prefix_cache = (TextPrefixCache(self._encode_plain, prefix_cache_tokens)
-                             if tokenizer is not None and prefix_cache_tokens else None)
-        # what add_special_tokens=True puts around a completions prompt's own tokens (None: not simply
-        # around them; such a prompt is encoded whole)
-        self._added_around = _added_special_tokens(tokenizer) if tokenizer is not None else None
+        self._prefix_tokenizer = PrefixTokenizer(tokenizer, prefix_cache_tokens) if tokenizer is not None else None
+        self.prefix_cache = self._prefix_tokenizer.cache if self._prefix_tokenizer is not None else None
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, *, prefix_cache_tokens: int = DEFAULT_MAX_TOKENS) -> RoutingTokenizer:
@@ -113,24 +110,9 @@ class RoutingTokenizer:
         self._check_text_fits(prompt, max_num_tokens)
         if self._tokenizer is None:
             return _approximate_ids(prompt)
-        token_ids = self._encode(prompt, add_special_tokens=True)
+        token_ids = self._prefix_tokenizer.encode(prompt, add_special_tokens=True)
         check_num_tokens(len(token_ids), max_num_tokens)
         return token_ids
-
-    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        """text's token ids, through the prefix cache (which keeps texts' own tokens: what
-        add_special_tokens puts around them is added here)."""
-        around = self._added_around if add_special_tokens else ([], [])
-        if self.prefix_cache is None or around is None:
-            return encode_releasing_gil(self._tokenizer, text, add_special_tokens).ids
-        before, after = around
-        token_ids = self.prefix_cache.encode(text)
-        return [*before, *token_ids, *after] if before or after else token_ids
-
-    def _encode_plain(self, text: str) -> tuple[list[int], list[int]]:
-        """text's token ids without special tokens, and where each token starts (TextPrefixCache's encode)."""
-        encoding = encode_releasing_gil(self._tokenizer, text, False)
-        return encoding.ids, [start for start, _ in encoding.offsets]
 
     def render_chat(
         self,
@@ -165,7 +147,7 @@ class RoutingTokenizer:
         self._check_text_fits(text, max_num_tokens)
         if self._tokenizer is None:
             return _approximate_ids(text)
-        token_ids = self._encode(text, add_special_tokens=False)
+        token_ids = self._prefix_tokenizer.encode(text, add_special_tokens=False)
         check_num_tokens(len(token_ids), max_num_tokens)
         return token_ids
 
@@ -209,17 +191,6 @@ class RoutingTokenizer:
             raise
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"chat template failed: {exc}") from exc
-
-
-def _added_special_tokens(tokenizer: Tokenizer) -> tuple[list[int], list[int]] | None:
-    """The ids encode(..., add_special_tokens=True) puts before and after a text's own (a BOS, say),
-    read off a sample; None when they are not simply around it (a prompt is then encoded whole)."""
-    sample = "Hello world, 12 tokens."
-    plain, full = tokenizer.encode(sample, add_special_tokens=False).ids, tokenizer.encode(sample).ids
-    for start in range(len(full) - len(plain) + 1):
-        if full[start:start + len(plain)] == plain:
-            return full[:start], full[start + len(plain):]
-    return None
 
 
 def check_num_tokens(num_tokens: int, max_num_tokens: int | None) -> None:

@@ -38,7 +38,7 @@ def test_multi_turn_prefix_cache_equals_a_full_encode(model_dir: Path) -> None:
     cached = RoutingTokenizer.from_dir(model_dir)
     uncached = RoutingTokenizer.from_dir(model_dir, prefix_cache_tokens=0)
     for turn in range(1, len(TURNS) + 1, 2):
-        messages = conversation(turn, repeat=8)  # long enough to cache (router/text_prefix_cache.py's chunks)
+        messages = conversation(turn, repeat=8)  # long enough to cache (kvgate/text_prefix_cache.py's chunks)
         assert cached.encode_chat(messages) == uncached.encode_chat(messages), f"turn {turn}"
     assert cached.prefix_cache.hits >= 2
 

@@ -1,17 +1,19 @@
 """ModelTokenizer: the folder's tokenizer.json, its special token ids and its chat template; TokenBytes:
-the bytes each token stands for (no torch)."""
+the bytes each token stands for (no torch). A prompt that starts with a text tokenized before (a
+conversation's earlier turns, a shared system prompt or context) is tokenized only from where it
+differs (kvgate/text_prefix_cache.py)."""
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer, decoders
 
-from kvgate.offload import encode_releasing_gil
+from kvgate.text_prefix_cache import PrefixTokenizer
 from worker.model.chat_template import render_chat_template
 from worker.model.errors import ModelFileNotFoundError
 
@@ -27,18 +29,21 @@ class ModelTokenizer:
     bos_token_id: int | None = None
     chat_template: str | None = None
     special_tokens: tuple[tuple[str, str], ...] = ()  # (name, text), e.g. ("eos_token", "</s>")
+    _prefix: PrefixTokenizer = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if any(i < 0 for i in self.eos_token_ids):
             raise ValueError("eos_token_ids must be >= 0")
+        object.__setattr__(self, "_prefix", PrefixTokenizer(self.tokenizer))
 
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of text (the interpreter lock is released while it tokenizes: kvgate.offload)."""
-        return encode_releasing_gil(self.tokenizer, text, add_special_tokens).ids
+        """Token ids of text, reusing those of a text seen before that it starts with (the interpreter
+        lock is released while it tokenizes: kvgate.offload)."""
+        return self._prefix.encode(text, add_special_tokens)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)

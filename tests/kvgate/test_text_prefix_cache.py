@@ -1,4 +1,4 @@
-"""The completions prompt cache (router/text_prefix_cache.py): every encode equals a full encode,
+"""The tokenizers' prefix cache (kvgate/text_prefix_cache.py): every encode equals a full encode,
 prefixes are reused where the junction holds, a junction that does not hold falls back, memory is
 bounded."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from router.text_prefix_cache import CHUNK_CHARS, TextPrefixCache
+from kvgate.text_prefix_cache import CHUNK_CHARS, TextPrefixCache
 from router.tokenization import RoutingTokenizer
 from tests.router.model_dirs import CHATML_TEMPLATE, write_model_dir
 

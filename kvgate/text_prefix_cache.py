@@ -1,7 +1,8 @@
 """Token ids of texts seen before, reused for a new text that starts with one: a conversation's
 next turn (its render starts with the last one's), a chat or completions prompt sharing a long
 system prompt or context (a RAG context, an agent's instructions, vLLM's prefix_repetition
-benchmark) is tokenized only from where it differs, not from its start, on every request.
+benchmark) is tokenized only from where it differs, not from its start, on every request. The
+gateway's routing tokenizer and the worker's tokenizer both encode through PrefixTokenizer.
 
 A text is found by its prefix: digests of its first CHUNK_CHARS, 2 x CHUNK_CHARS, ... characters
 (one xxh3 stream over the text), each mapped to the latest cached text that starts with those
@@ -31,6 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import xxhash
+from tokenizers import Tokenizer
+
+from kvgate.offload import encode_releasing_gil
 
 CHUNK_CHARS = 256  # prefix granularity: a shared prefix is reused up to its last whole chunk
 MARGIN_CHARS = 8  # a cut this far before the shared chunk's end: the pre-tokenizer's lookahead stays inside it
@@ -162,3 +166,39 @@ def _prefix_digests(text: str) -> list[int]:
         stream.update(text[end - CHUNK_CHARS:end].encode("utf-8", "surrogatepass"))
         digests.append(stream.intdigest())
     return digests
+
+
+class PrefixTokenizer:
+    """A tokenizers.Tokenizer's encode(text, add_special_tokens) through a TextPrefixCache
+    (max_tokens=0: straight through). The cache keeps texts' own tokens; what add_special_tokens
+    puts around them (a BOS, say) is read off a sample once and added here, or, for a tokenizer
+    whose additions are not simply around the text, such text is encoded whole. The interpreter
+    lock is let go while it tokenizes (kvgate.offload)."""
+
+    def __init__(self, tokenizer: Tokenizer, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+        self._tokenizer = tokenizer
+        self.cache = TextPrefixCache(self._encode_plain, max_tokens) if max_tokens else None
+        self._added_around = _added_special_tokens(tokenizer)
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        around = self._added_around if add_special_tokens else ([], [])
+        if self.cache is None or around is None:
+            return encode_releasing_gil(self._tokenizer, text, add_special_tokens).ids
+        before, after = around
+        token_ids = self.cache.encode(text)
+        return [*before, *token_ids, *after] if before or after else token_ids
+
+    def _encode_plain(self, text: str) -> tuple[list[int], list[int]]:
+        encoding = encode_releasing_gil(self._tokenizer, text, False)
+        return encoding.ids, [start for start, _ in encoding.offsets]
+
+
+def _added_special_tokens(tokenizer: Tokenizer) -> tuple[list[int], list[int]] | None:
+    """The ids encode(..., add_special_tokens=True) puts before and after a text's own, read off a
+    sample; None when they are not simply around it."""
+    sample = "Hello world, 12 tokens."
+    plain, full = tokenizer.encode(sample, add_special_tokens=False).ids, tokenizer.encode(sample).ids
+    for start in range(len(full) - len(plain) + 1):
+        if full[start:start + len(plain)] == plain:
+            return full[:start], full[start + len(plain):]
+    return None
