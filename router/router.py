@@ -333,7 +333,8 @@ class Router:
                 return None
             scraped = num_blocks * (load.kv_usage_frac or 0.0)
             routed = blocks_in_use(worker_id) + load.in_flight_requests
-            return int(num_blocks - (scraped if scraped > routed else routed)) - load.prefill_tokens_queued // spec.block_size
+            queued_blocks = load.prefill_tokens_queued // spec.block_size
+            return int(num_blocks - (scraped if scraped > routed else routed)) - queued_blocks
 
         return horizon
 

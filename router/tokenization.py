@@ -67,7 +67,8 @@ class RoutingTokenizer:
         self.prefix_cache = self._prefix_tokenizer.cache if self._prefix_tokenizer is not None else None
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path, *, prefix_cache_tokens: int = DEFAULT_MAX_TOKENS) -> RoutingTokenizer:
+    def from_dir(cls, model_dir: str | Path, *,
+                 prefix_cache_tokens: int = DEFAULT_MAX_TOKENS) -> RoutingTokenizer:
         """Load tokenizer.json and the chat template (chat_template.jinja, else tokenizer_config.json)."""
         folder = Path(model_dir)
         tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))

@@ -19,6 +19,7 @@ def test_prompts_sharing_a_long_context_encode_as_a_whole_encode_and_reuse_it(tm
     for question in ("first?", " second, longer question 0123", "\n\nthird  with  spaces", ""):
         for add_special_tokens in (True, False):
             prompt = context + question
-            assert tokenizer.encode(prompt, add_special_tokens) == whole.encode(prompt, add_special_tokens=add_special_tokens).ids
+            expected = whole.encode(prompt, add_special_tokens=add_special_tokens).ids
+            assert tokenizer.encode(prompt, add_special_tokens) == expected
     cache = tokenizer._prefix.cache
     assert cache is not None and cache.hits >= 6
