@@ -186,6 +186,14 @@ class _RouterCollector:
         yield blocks
         yield GaugeMetricFamily("kvgate_kv_index_bytes", "Approximate memory of the KV index (both layers).",
                                 value=stats.index.approx_bytes)
+        lookups = CounterMetricFamily("kvgate_tokenizer_prefix_cache_lookups",
+                                      "Prompts the routing tokenizer looked up in its prefix cache: hit (tokenized "
+                                      "only from where it differs from a text seen before) or miss (whole).",
+                                      labels=["model", "result"])
+        for model, (hits, misses) in sorted(stats.tokenizer_prefix_cache.items()):
+            lookups.add_metric([model, "hit"], hits)
+            lookups.add_metric([model, "miss"], misses)
+        yield lookups
 
 
 class _InFlightCollector:

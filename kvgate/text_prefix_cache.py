@@ -11,8 +11,8 @@ at least MARGIN_CHARS before the chunk's end (a pre-tokenizer may look a charact
 
 Tokenizing from the middle of a text is not always what a full encode gives (a cut inside a
 pre-token; a Metaspace tokenizer marks its input's first word), so the new text is encoded from a
-word's start (a token beginning with a space, where pre-tokenizers split and where the Metaspace
-mark is the word's own) at least JUNCTION_TOKENS tokens before the cut, and the cached tokens are
+word's start (a token beginning with a space or just after one, where pre-tokenizers split and
+where the Metaspace mark is the word's own) at least JUNCTION_TOKENS tokens before the cut, and the cached tokens are
 reused only if that encode has a token starting exactly at the cut and the cached tokens before it,
 from the word on. Otherwise the text is encoded whole (tests compare both ways over texts made to
 split awkwardly: runs of spaces, multi-byte characters, digits, contractions). Bounded by max_tokens
@@ -147,12 +147,19 @@ def _token_start_at_or_before(starts: array, index: int) -> int:
 
 
 def _word_start_at_or_before(text: str, starts: array, index: int) -> int:
-    """The last token at or before index that starts with a space (a word's start: where a
+    """The last token at or before index (within MAX_WINDOW_TOKENS) that starts a word: with its
+    space (byte-level BPE's and Metaspace's tokens carry the space before a word: where a
     pre-tokenizer splits, and where a Metaspace tokenizer's mark of its input's first word is the
-    word's own), within MAX_WINDOW_TOKENS; -1 when there is none."""
-    for i in range(index, max(-1, index - MAX_WINDOW_TOKENS), -1):
-        if text[starts[i]] == " " and (i == 0 or starts[i - 1] != starts[i]):
-            return i
+    word's own); failing that, just after a space (a whitespace pre-tokenizer's tokens, which drop
+    it). -1 when there is none."""
+    lowest = max(-1, index - MAX_WINDOW_TOKENS)
+    for after_space in (False, True):
+        for i in range(index, lowest, -1):
+            start = starts[i]
+            if i and starts[i - 1] == start:
+                continue  # a piece of one character's bytes
+            if (start and text[start - 1] == " ") if after_space else text[start] == " ":
+                return i
     return -1
 
 

@@ -18,7 +18,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from router.block_keys import PrefixKeyCache, model_seed, pack_tokens_u32le
 from router.kv_index import IndexStats, KvIndex
@@ -45,6 +45,9 @@ class RouterStats:
     closed_loop: Mapping[str, ClosedLoopStats]
     index: IndexStats
     in_flight: Mapping[str, int]  # this router's own requests in flight per worker (other replicas' left out)
+    # per model with an exact tokenizer: prompts its prefix cache served from a text seen before, and
+    # those tokenized whole (kvgate/text_prefix_cache.py; prompts too short to look up count in neither)
+    tokenizer_prefix_cache: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def prediction_hit_ratio(self) -> float | None:
@@ -182,7 +185,9 @@ class Router:
                                              s.confirmed_cached_tokens)
                        for pool, s in self._books.closed_loop.items()}
         in_flight = {worker: own[0] for worker, own in self._load.own_load().items()}
-        return RouterStats(closed_loop, self._index.stats(), in_flight)
+        prefix_caches = {model: (t.prefix_cache.hits, t.prefix_cache.misses)
+                         for model, t in self._tokenizers.items() if t.prefix_cache is not None}
+        return RouterStats(closed_loop, self._index.stats(), in_flight, prefix_caches)
 
     # -- routing ---------------------------------------------------------------------------------
 

@@ -133,6 +133,16 @@ def test_index_size_is_exported_once_kv_events_arrive(client, fleet):
     assert metric_value(fleet["gateway"].url, "kvgate_kv_index_bytes") > 0
 
 
+def test_prompts_sharing_a_context_are_counted_as_prefix_cache_hits(client, fleet):
+    """The routing tokenizer tokenizes a prompt only from where it differs from one it saw: the hits show."""
+    url = fleet["gateway"].url
+    before = metric_value(url, "kvgate_tokenizer_prefix_cache_lookups_total", model=MODEL, result="hit")
+    context = "Paged attention stores keys and values in fixed size blocks. " * 12
+    for question in ("What is the capital of France?", "Hello world, this is a tiny tokenizer"):
+        client.completions.create(model=MODEL, prompt=context + question, max_tokens=1, **GREEDY)
+    assert metric_value(url, "kvgate_tokenizer_prefix_cache_lookups_total", model=MODEL, result="hit") == before + 1
+
+
 @pytest.mark.parametrize("kind", ["chat", "completion"])
 def test_return_token_ids_survive_the_assembled_answer(client, direct, kind):
     """vLLM's return_token_ids: the gateway assembles non-streaming answers from a stream, and

@@ -106,3 +106,16 @@ def test_the_default_models_tokenizer_with_its_added_tokens(tmp_path: Path) -> N
         assert tokenizer.encode_prompt(prompt + suffix) == full.encode_prompt(prompt + suffix)
         assert tokenizer.encode_prompt(prompt + suffix)[0] == 0  # <s>
     assert tokenizer.prefix_cache is not None and tokenizer.prefix_cache.hits == 5
+
+
+def test_a_whitespace_split_tokenizer_whose_tokens_drop_the_space_reuses_prefixes_too() -> None:
+    """WordLevel on WhitespaceSplit: no token starts with its space; the window starts just after one."""
+    from kvgate.text_prefix_cache import PrefixTokenizer
+    from tests.tiny_models import build_word_tokenizer
+
+    whole = build_word_tokenizer()
+    tokenizer = PrefixTokenizer(whole)
+    context = "Hello world, this is a tiny tokenizer for kvgate tests.  The quick brown fox\n" * 12
+    for question in ("jumps over", "Paris is the capital of France?", "\n\nw3 w4"):
+        assert tokenizer.encode(context + question, True) == whole.encode(context + question).ids
+    assert tokenizer.cache is not None and tokenizer.cache.hits == 2
