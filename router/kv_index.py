@@ -457,15 +457,16 @@ class KvIndex:
 
     # -- lookup --------------------------------------------------------------------------------
 
-    def match(self, keys: Sequence[int], eviction_horizon: Callable[[str], int | None] | None = None
+    def match(self, keys: Sequence[int], eviction_horizon: Callable[[str, int], int | None] | None = None
               ) -> dict[str, tuple[int, int]]:
         """{worker: (confirmed_prefix_blocks, predicted_prefix_blocks)} for workers holding keys[0].
 
         A prefix length n means the worker holds keys 0..n-1; absent workers hold (0, 0).
-        eviction_horizon(worker): for a worker whose capacity is known, how many more blocks it can
-        allocate before it evicts a block it could hold now (its free blocks, less those the work
-        queued ahead will take; None: not known); keys last used longer ago than that are not
-        counted. Asked only of the workers that hold keys[0].
+        eviction_horizon(worker, pinned_blocks): for a worker whose capacity is known, how many more
+        blocks it can allocate before it evicts a block it could hold now (its free blocks, less those
+        the work queued ahead will take; None: not known), given the blocks the requests routed there
+        pin now (blocks_in_use); keys last used longer ago than that are not counted. Asked only of the
+        workers that hold keys[0].
         """
         self._expire(self._clock())
         names = self._worker_of_slot
@@ -485,10 +486,17 @@ class KvIndex:
             workers, evicted = self._workers, None
             for name, (confirmed, predicted_len) in result.items():
                 worker = workers[name]
-                if not worker.models_eviction or (horizon := eviction_horizon(name)) is None:
+                if not worker.models_eviction:
                     continue
-                length = max(confirmed, predicted_len)
-                fresh = _fresh_prefix(keys, length, worker.last_used, worker.in_use, worker.blocks_allocated - horizon)
+                in_use = worker.in_use
+                horizon = eviction_horizon(name, len(in_use))
+                if horizon is None:
+                    continue
+                length = confirmed if confirmed > predicted_len else predicted_len
+                oldest, deepest = worker.blocks_allocated - horizon, keys[length - 1]
+                if deepest in in_use or worker.last_used.get(deepest, _NEVER_USED) > oldest:
+                    continue  # the usual case: the whole prefix is fresh (_fresh_prefix's first check)
+                fresh = _fresh_prefix(keys, length, worker.last_used, in_use, oldest)
                 if fresh < length:  # changed after the loop: a dict is not resized while it is walked
                     evicted = evicted or []
                     evicted.append((name, min(confirmed, fresh), min(predicted_len, fresh)))

@@ -323,21 +323,22 @@ class Router:
         packed = pack_tokens_u32le(token_ids)
         return {size: self._key_cache.keys(packed, size, seed) for size in sizes}
 
-    def _eviction_horizons(self) -> Callable[[str], int | None]:
+    def _eviction_horizons(self) -> Callable[[str, int], int | None]:
         """A worker's eviction horizon, for KvIndex.match: for a worker of known capacity, the blocks
         it can still allocate before evicting one it holds now: its free blocks less the uncached
         prompts dispatched to it ahead (match counts keys freed longer ago as evicted). Blocks in
         use: the scraped KV usage, or if more, the prompt blocks of the requests routed there plus a
-        partly filled block each (the scrape is up to an interval old). None where the capacity is
-        unknown. Asked of every worker holding a prompt's first block, each decision."""
-        specs, loads, blocks_in_use = self._specs, self._load.loads, self._index.blocks_in_use
+        partly filled block each (the scrape is up to an interval old; pinned_blocks: the index's
+        blocks_in_use). None where the capacity is unknown. Asked of every worker holding a prompt's
+        first block, each decision."""
+        specs, loads = self._specs, self._load.loads
 
-        def horizon(worker_id: str) -> int | None:
+        def horizon(worker_id: str, pinned_blocks: int) -> int | None:
             spec, load = specs.get(worker_id), loads.get(worker_id)
             if spec is None or load is None or (num_blocks := spec.num_blocks) is None:
                 return None
             scraped = num_blocks * (load.kv_usage_frac or 0.0)
-            routed = blocks_in_use(worker_id) + load.in_flight_requests
+            routed = pinned_blocks + load.in_flight_requests
             queued_blocks = load.prefill_tokens_queued // spec.block_size
             return int(num_blocks - (scraped if scraped > routed else routed)) - queued_blocks
 

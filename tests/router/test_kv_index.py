@@ -32,6 +32,11 @@ def expected_match(held: dict[str, set[int]], predicted: dict[str, set[int]]) ->
             for worker in held if prefix(held[worker]) or prefix(predicted[worker])}
 
 
+def horizons(**by_worker: int):
+    """match()'s eviction_horizon, a fixed horizon per worker (whatever its pinned blocks)."""
+    return lambda worker_id, _pinned_blocks: by_worker.get(worker_id)
+
+
 def stored(hashes: list[int], tokens: list[int], parent: int | None = None, **kw: object) -> BlockStored:
     return BlockStored(hashes, parent, tokens, B, kw.get("lora_id"), kw.get("medium", "GPU"))
 
@@ -338,27 +343,27 @@ def test_a_prefix_used_more_allocations_ago_than_the_horizon_is_not_counted(size
     store_chain(sized, "w0", tokens, 1)
     store_chain(sized, "w0", chain(5000, 60)[0], 100)  # 60 blocks allocated since
     assert sized.match(keys) == {"w0": (10, 0)}  # still indexed: the capacity holds 70 blocks
-    assert sized.match(keys, {"w0": 61}.get) == {"w0": (10, 0)}
-    assert sized.match(keys, {"w0": 50}.get) == {}  # 50 more allocations before the prompt is computed: gone
+    assert sized.match(keys, horizons(w0=61)) == {"w0": (10, 0)}
+    assert sized.match(keys, horizons(w0=50)) == {}  # 50 more allocations before the prompt is computed: gone
 
 
 def test_routing_a_prompt_to_a_worker_makes_its_prefix_recent_again(sized: KvIndex) -> None:
     tokens, keys = chain(1000, 10)
     store_chain(sized, "w0", tokens, 1)
     store_chain(sized, "w0", chain(5000, 80)[0], 100)
-    assert sized.match(keys, {"w0": 20}.get) == {}
+    assert sized.match(keys, horizons(w0=20)) == {}
     sized.record_prediction("w0", tuple(keys[:6]))  # a request sharing the first six blocks went there
-    assert sized.match(keys, {"w0": 20}.get) == {"w0": (6, 6)}
+    assert sized.match(keys, horizons(w0=20)) == {"w0": (6, 6)}
 
 
 def test_a_prediction_is_not_counted_once_the_worker_has_allocated_past_it(sized: KvIndex) -> None:
     _, keys = chain(1000, 10)
     sized.record_prediction("w0", tuple(keys))
     sized.release("w0", keys)  # its request ended: the blocks are free, evictable from now on
-    assert sized.match(keys, {"w0": 100}.get) == {"w0": (0, 10)}
+    assert sized.match(keys, horizons(w0=100)) == {"w0": (0, 10)}
     store_chain(sized, "w0", chain(5000, 90)[0], 100)  # the worker stored 90 blocks of other prompts since
-    assert sized.match(keys, {"w0": 100}.get) == {"w0": (0, 10)}
-    assert sized.match(keys, {"w0": 80}.get) == {}
+    assert sized.match(keys, horizons(w0=100)) == {"w0": (0, 10)}
+    assert sized.match(keys, horizons(w0=80)) == {}
 
 
 def test_blocks_of_a_request_in_flight_are_not_evicted_and_age_from_its_end(sized: KvIndex) -> None:
@@ -366,13 +371,13 @@ def test_blocks_of_a_request_in_flight_are_not_evicted_and_age_from_its_end(size
     sized.record_prediction("w0", tuple(keys))
     sized.record_prediction("w0", tuple(keys[:4]))  # a second request holds the first four blocks
     store_chain(sized, "w0", chain(5000, 90)[0], 100)
-    assert sized.match(keys, {"w0": 0}.get) == {"w0": (0, 10)}  # held by running requests: not evictable
+    assert sized.match(keys, horizons(w0=0)) == {"w0": (0, 10)}  # held by running requests: not evictable
     assert sized.blocks_in_use("w0") == 10
     sized.release("w0", keys)
     assert sized.blocks_in_use("w0") == 4
     store_chain(sized, "w0", chain(9000, 30)[0], 300)
-    assert sized.match(keys, {"w0": 29}.get) == {"w0": (0, 4)}  # freed 30 allocations ago; the rest still held
-    assert sized.match(keys, {"w0": 36}.get) == {"w0": (0, 10)}
+    assert sized.match(keys, horizons(w0=29)) == {"w0": (0, 4)}  # freed 30 allocations ago; the rest still held
+    assert sized.match(keys, horizons(w0=36)) == {"w0": (0, 10)}
 
 
 def test_a_released_prompt_is_evicted_tail_first(sized: KvIndex) -> None:
@@ -382,9 +387,9 @@ def test_a_released_prompt_is_evicted_tail_first(sized: KvIndex) -> None:
     sized.record_prediction("w0", tuple(keys))
     sized.release("w0", keys)
     store_chain(sized, "w0", chain(5000, 20)[0], 100)  # 20 allocations since
-    assert sized.match(keys, {"w0": 30}.get) == {"w0": (0, 10)}
-    assert sized.match(keys, {"w0": 24}.get) == {"w0": (0, 4)}  # the 6 deepest freed blocks are the first to go
-    assert sized.match(keys, {"w0": 20}.get) == {}
+    assert sized.match(keys, horizons(w0=30)) == {"w0": (0, 10)}
+    assert sized.match(keys, horizons(w0=24)) == {"w0": (0, 4)}  # the 6 deepest freed blocks are the first to go
+    assert sized.match(keys, horizons(w0=20)) == {}
 
 
 def test_a_peer_replicas_prediction_counts_until_the_worker_allocates_past_it(sized: KvIndex) -> None:
@@ -394,10 +399,10 @@ def test_a_peer_replicas_prediction_counts_until_the_worker_allocates_past_it(si
     _, keys = chain(1000, 10)
     sized.record_prediction("w0", tuple(keys), pin=False)
     assert sized.blocks_in_use("w0") == 0
-    assert sized.match(keys, {"w0": 100}.get) == {"w0": (0, 10)}
+    assert sized.match(keys, horizons(w0=100)) == {"w0": (0, 10)}
     store_chain(sized, "w0", chain(5000, 90)[0], 100)  # the worker stored 90 blocks of other prompts since
-    assert sized.match(keys, {"w0": 100}.get) == {"w0": (0, 10)}
-    assert sized.match(keys, {"w0": 80}.get) == {}
+    assert sized.match(keys, horizons(w0=100)) == {"w0": (0, 10)}
+    assert sized.match(keys, horizons(w0=80)) == {}
 
 
 def test_a_prediction_lands_when_its_request_has_computed_the_prompt(sized: KvIndex) -> None:
@@ -432,7 +437,7 @@ def test_a_cleared_worker_holds_nothing_it_was_predicted_to(sized: KvIndex) -> N
     _, keys = chain(1000, 10)
     sized.record_prediction("w0", tuple(keys))
     sized.apply("w0", [AllBlocksCleared()])
-    assert sized.match(keys, {"w0": 100}.get) == {}
+    assert sized.match(keys, horizons(w0=100)) == {}
 
 
 def test_last_use_entries_stay_bounded_by_the_capacity(sized: KvIndex) -> None:
