@@ -53,7 +53,8 @@ def exported_samples() -> tuple:
 
     gateway = GatewayMetrics()
     router = Router({"p": [WorkerSpec("w", "m", 16)]}, RoutingRules((rule("d", "p"),)))
-    gateway.watch_router(lambda: dataclasses.replace(router.stats(), closed_loop={"p": ClosedLoopStats()}))
+    gateway.watch_router(lambda: dataclasses.replace(router.stats(), closed_loop={"p": ClosedLoopStats()},
+                                                     tokenizer_prefix_cache={"m": (1, 1)}))
     gateway.watch_fleet(lambda: {"w": 1}, lambda: {"p": 1})
     gateway.watch_admission(lambda: {"p": PoolState(8.0, 1, {Priority.STANDARD: 1})}, shared_limits=lambda: True)
     gateway.watch_shared_state(lambda: {"tenant_limits": True})
