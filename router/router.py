@@ -81,6 +81,7 @@ class Router:
         named). tenant_cache_salts: tenant -> cache salt, for tenants whose block keys are their own."""
         self._index = index or KvIndex(clock=clock)
         self._load = load or LoadView(clock=clock)
+        self._loads = self._load.loads  # the view's own dict (read per decision; the view changes it in place)
         self._key_cache = key_cache if key_cache is not None else PrefixKeyCache()
         self._placements = Placements()
         self._rules = rules
@@ -216,7 +217,7 @@ class Router:
         num_prompt_tokens = len(token_ids)
         seed = model_seed(req.model, self._cache_salts.get(req.tenant) if req.tenant else None)
         keys_by_size = self._keys_by_block_size(token_ids, seed, {s.block_size for s in specs})
-        horizon = self._eviction_horizons()
+        horizon = self._eviction_horizon
         matches = {size: self._index.match(keys, horizon) for size, keys in keys_by_size.items()}
         views = self._views(specs, matches)
         policy = self._policy(rule)
@@ -323,7 +324,7 @@ class Router:
         packed = pack_tokens_u32le(token_ids)
         return {size: self._key_cache.keys(packed, size, seed) for size in sizes}
 
-    def _eviction_horizons(self) -> Callable[[str, int], int | None]:
+    def _eviction_horizon(self, worker_id: str, pinned_blocks: int) -> int | None:
         """A worker's eviction horizon, for KvIndex.match: for a worker of known capacity, the blocks
         it can still allocate before evicting one it holds now: its free blocks less the uncached
         prompts dispatched to it ahead (match counts keys freed longer ago as evicted). Blocks in
@@ -331,18 +332,13 @@ class Router:
         partly filled block each (the scrape is up to an interval old; pinned_blocks: the index's
         blocks_in_use). None where the capacity is unknown. Asked of every worker holding a prompt's
         first block, each decision."""
-        specs, loads = self._specs, self._load.loads
-
-        def horizon(worker_id: str, pinned_blocks: int) -> int | None:
-            spec, load = specs.get(worker_id), loads.get(worker_id)
-            if spec is None or load is None or (num_blocks := spec.num_blocks) is None:
-                return None
-            scraped = num_blocks * (load.kv_usage_frac or 0.0)
-            routed = pinned_blocks + load.in_flight_requests
-            queued_blocks = load.prefill_tokens_queued // spec.block_size
-            return int(num_blocks - (scraped if scraped > routed else routed)) - queued_blocks
-
-        return horizon
+        spec, load = self._specs.get(worker_id), self._loads.get(worker_id)
+        if spec is None or load is None or (num_blocks := spec.num_blocks) is None:
+            return None
+        scraped = num_blocks * (load.kv_usage_frac or 0.0)
+        routed = pinned_blocks + load.in_flight_requests
+        queued_blocks = load.prefill_tokens_queued // spec.block_size
+        return int(num_blocks - (scraped if scraped > routed else routed)) - queued_blocks
 
     def _views(self, specs: list[WorkerSpec], matches: dict[int, dict[str, tuple[int, int]]]) -> list[WorkerView]:
         # every candidate was added to the load view with its spec; WorkerView(...) runs a Python __new__
