@@ -41,6 +41,7 @@ import yaml
 from loadtest.bench_gateway import API_KEY, MODEL, gateway_config
 from loadtest.bench_proxy import PATH, floor_argv, floor_env, request_body, start_nginx
 from loadtest.procs import ChildProcess, free_port
+from loadtest.side_by_side import baseline_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = ROOT / "results" / "bench_instructions.json"
@@ -54,14 +55,6 @@ def program_totals(annotated: str) -> int:
     if found is None:
         raise ValueError("no PROGRAM TOTALS line in callgrind_annotate's output")
     return int(found.group(1).replace(",", ""))
-
-
-def baseline_tree(rev: str, into: Path) -> Path:
-    """REV's files (git archive) in into, with its C extensions built in place."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=into, capture_output=True, check=True)
-    return into
 
 
 def count(tree: Path, upstream_port: int, tmp_dir: Path, requests: int, stream: bool, tag: str,

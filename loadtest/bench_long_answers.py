@@ -34,10 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
+from loadtest import side_by_side
 from loadtest.bench_gateway import API_KEY, MODEL, cpu_placement, fake_worker_request, gateway_config
-from loadtest.bench_instructions import baseline_tree
 from loadtest.benchdoc import machine_description, replace_section
 from loadtest.procs import ChildProcess, free_port, process_cpu_s
 
@@ -156,19 +155,6 @@ def measure_cell(client: httpx.Client, pid: int, mode: str, variant: str, num_to
             "cpu_us_per_unit": cpu_s * 1e6 / units}
 
 
-def start_gateway(tree: Path, worker_port: int, tmp_dir: Path, tag: str) -> tuple[ChildProcess, int]:
-    """tree's gateway (its own code: the command runs in the tree) on its own CPU; (process, port)."""
-    port = free_port()
-    config = tmp_dir / f"gateway-{tag}.yaml"
-    config.write_text(yaml.safe_dump({**gateway_config(port, worker_port), "logging": {"requests": False}}))
-    gateway = ChildProcess(f"gateway {tag}", ["env", "-C", str(tree), sys.executable, "-m", "kvgate", "gateway",
-                                              "--config", str(config)], tmp_dir / f"gateway-{tag}.log",
-                           f"http://127.0.0.1:{port}/ready", env={"KVGATE_API_KEY": API_KEY, "PYTHONPATH": str(tree)},
-                           cpus=cpu_placement()[0])
-    gateway.wait_healthy(120)
-    return gateway, port
-
-
 def cells() -> list[tuple[str, str, int, int | None]]:
     """(mode, variant, tokens, event bytes) of every cell, in the order they run."""
     out: list[tuple[str, str, int, int | None]] = []
@@ -283,10 +269,7 @@ Raw figures: `results/bench_long_answers.json`.
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--baseline", help="also measure this commit's gateway, in the same run")
-    parser.add_argument("--rounds", type=int, default=2, help="runs of every cell per tree; figures are medians (default 2)")
-    parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
-    parser.add_argument("--doc-only", action="store_true", help="rewrite the section from results/bench_long_answers.json")
+    side_by_side.add_arguments(parser, RESULTS_PATH)
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -296,10 +279,7 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-long-answers-") as tmp, ExitStack() as stack:
         tmp_dir = Path(tmp)
-        trees = {"this checkout": ROOT}
-        if args.baseline:
-            trees = {f"baseline ({args.baseline})": baseline_tree(args.baseline, Path(tempfile.mkdtemp(dir=tmp_dir))),
-                     **trees}
+        trees = side_by_side.compared_trees(args.baseline, tmp_dir)
         worker_port = free_port()
         worker = ChildProcess("worker", [sys.executable, "-m", "loadtest.bench_long_answers", "--worker", str(worker_port)],
                               tmp_dir / "worker.log", f"http://127.0.0.1:{worker_port}/health", env={"PYTHONPATH": str(ROOT)},
@@ -310,15 +290,17 @@ def main() -> None:
             os.sched_setaffinity(0, cpu_placement()[1])  # the client beside the worker, off the gateway's CPU
         gateways = {}
         for name, tree in trees.items():
-            gateway, port = start_gateway(tree, worker_port, tmp_dir, name.split(" ")[0])
+            gateway, port = side_by_side.start_gateway(
+                tree, lambda port: {**gateway_config(port, worker_port), "logging": {"requests": False}}, tmp_dir,
+                name.split(" ")[0])
             stack.callback(gateway.stop, 30)
             gateways[name] = (gateway.popen.pid, port)
         results = {name: {"cells": tree_cells} for name, tree_cells in measure(gateways, args.rounds).items()}
     for figures in results.values():
         figures["growth"] = growth(figures["cells"])
     result = {"benchmark": SECTION, "baseline": args.baseline,
-              "command": ".venv/bin/python -m loadtest.bench_long_answers" + (f" --baseline {args.baseline}" if args.baseline else "")
-              + (f" --rounds {args.rounds}" if args.rounds != 2 else ""), "rounds": args.rounds,
+              "command": side_by_side.command("loadtest.bench_long_answers", args),
+              "rounds": args.rounds,
               "machine": machine_description(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "python": sys.version.split()[0], "target_growth": TARGET_GROWTH, "trees": results,
               "wall_s": round(time.perf_counter() - started)}

@@ -34,10 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
+from loadtest import side_by_side
 from loadtest.bench_gateway import API_KEY, cpu_placement
-from loadtest.bench_instructions import baseline_tree
 from loadtest.benchdoc import machine_description, replace_section
 from loadtest.engines import DEFAULT_SERVED_MODEL_NAME
 from loadtest.procs import ChildProcess, free_port, process_cpu_s
@@ -117,20 +116,12 @@ def start_worker(tmp_dir: Path, cpus: set[int] | None) -> tuple[ChildProcess, in
     return worker, port, kv_port
 
 
-def start_gateway(tree: Path, worker_port: int, kv_port: int, tmp_dir: Path, tag: str) -> tuple[ChildProcess, int]:
-    port = free_port()
+def gateway_config(port: int, worker_port: int, kv_port: int) -> dict[str, Any]:
+    """One pool of the one worker, with SmolLM2's tokenizer and the worker's KV events; no request log lines."""
     pool = {"model": DEFAULT_SERVED_MODEL_NAME, "tokenizer": "default", "policy": {"type": "kv_aware"},
             "workers": [{"name": "w0", "url": f"http://127.0.0.1:{worker_port}",
                          "kv_events_endpoint": f"tcp://127.0.0.1:{kv_port}"}]}
-    config = tmp_dir / f"gateway-{tag}.yaml"
-    config.write_text(yaml.safe_dump({"gateway": {"host": "127.0.0.1", "port": port}, "pools": {"default": pool},
-                                      "logging": {"requests": False}}))
-    gateway = ChildProcess(f"gateway {tag}", ["env", "-C", str(tree), sys.executable, "-m", "kvgate", "gateway",
-                                              "--config", str(config)], tmp_dir / f"gateway-{tag}.log",
-                           f"http://127.0.0.1:{port}/ready", env={"KVGATE_API_KEY": API_KEY, "PYTHONPATH": str(tree)},
-                           cpus=cpu_placement()[0])
-    gateway.wait_healthy(120)
-    return gateway, port
+    return {"gateway": {"host": "127.0.0.1", "port": port}, "pools": {"default": pool}, "logging": {"requests": False}}
 
 
 def measure(gateways: dict[str, tuple[int, int]], rounds: int) -> dict[str, dict[str, dict[str, Any]]]:
@@ -195,34 +186,29 @@ Raw figures: `results/bench_prompt_cpu.json`.
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--baseline", help="also measure this commit's gateway, in the same run")
-    parser.add_argument("--rounds", type=int, default=2, help="runs of every cell per tree; figures are medians (default 2)")
-    parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
-    parser.add_argument("--doc-only", action="store_true", help="rewrite the section from results/bench_prompt_cpu.json")
+    side_by_side.add_arguments(parser, RESULTS_PATH)
     args = parser.parse_args()
     if args.doc_only:
         return replace_section(SECTION, markdown(json.loads(RESULTS_PATH.read_text())))
     started = time.perf_counter()
-    gateway_cpus, other_cpus = cpu_placement()
+    other_cpus = cpu_placement()[1]
     with tempfile.TemporaryDirectory(prefix="bench-prompt-cpu-") as tmp, ExitStack() as stack:
         tmp_dir = Path(tmp)
-        trees = {"this checkout": ROOT}
-        if args.baseline:
-            trees = {f"baseline ({args.baseline})": baseline_tree(args.baseline, Path(tempfile.mkdtemp(dir=tmp_dir))),
-                     **trees}
+        trees = side_by_side.compared_trees(args.baseline, tmp_dir)
         worker, worker_port, kv_port = start_worker(tmp_dir, other_cpus)
         stack.callback(worker.stop)
         if other_cpus:
             os.sched_setaffinity(0, other_cpus)  # the client beside the worker, off the gateways' CPU
         gateways = {}
         for name, tree in trees.items():
-            gateway, port = start_gateway(tree, worker_port, kv_port, tmp_dir, name.split(" ")[0])
+            gateway, port = side_by_side.start_gateway(
+                tree, lambda port: gateway_config(port, worker_port, kv_port), tmp_dir, name.split(" ")[0])
             stack.callback(gateway.stop, 30)
             gateways[name] = (gateway.popen.pid, port)
         trees_figures = measure(gateways, args.rounds)
     result = {"benchmark": SECTION, "baseline": args.baseline,
-              "command": ".venv/bin/python -m loadtest.bench_prompt_cpu" + (f" --baseline {args.baseline}" if args.baseline else "")
-              + (f" --rounds {args.rounds}" if args.rounds != 2 else ""), "rounds": args.rounds,
+              "command": side_by_side.command("loadtest.bench_prompt_cpu", args),
+              "rounds": args.rounds,
               "machine": machine_description(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "python": sys.version.split()[0], "trees": trees_figures, "wall_s": round(time.perf_counter() - started)}
     RESULTS_PATH.parent.mkdir(exist_ok=True)
