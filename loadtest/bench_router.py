@@ -121,6 +121,53 @@ time.sleep(30)  # keep the socket open until the subscriber has read everything 
 """
 
 
+def subscriber_paced_cpu(num_messages: int = 2000, interval_s: float = 0.001) -> dict:
+    """The subscriber's CPU a message (this process's, libzmq's I/O thread included) when messages come one
+    at a time, as a live engine publishes them: one one-block event each interval_s. The process's idle CPU
+    over as long is taken off."""
+    import asyncio
+    import subprocess
+    import tempfile
+
+    import uvloop
+
+    from router.subscriber import KvEventSubscriber
+
+    paced = _PUBLISHER.replace("    socket.send_multipart([b\"kv\", seq, payload])",
+                               f"    socket.send_multipart([b\"kv\", seq, payload]); time.sleep({interval_s})")
+    assert paced != _PUBLISHER
+
+    async def run() -> dict:
+        index = KvIndex(default_max_blocks=num_messages)
+        index.add_worker("w", model_name=MODEL)
+        index.reserve(num_messages)
+        with tempfile.TemporaryDirectory() as tmp:
+            endpoint = f"ipc://{tmp}/kv-events"
+            subscriber = KvEventSubscriber("w", index, endpoint)
+            subscriber.start()
+            publisher = subprocess.Popen([sys.executable, "-c", paced, endpoint, str(num_messages), "1", str(BLOCK_SIZE)])
+            try:
+                counters, deadline = subscriber.counters, time.perf_counter() + 120
+                while counters.events_applied < 1 and time.perf_counter() < deadline:
+                    await asyncio.sleep(0.001)
+                cpu_before, started, applied_before = time.process_time(), time.perf_counter(), counters.events_applied
+                while counters.events_applied < num_messages and time.perf_counter() < deadline:
+                    await asyncio.sleep(0.05)
+                cpu_s, elapsed_s = time.process_time() - cpu_before, time.perf_counter() - started
+                messages = counters.events_applied - applied_before
+            finally:
+                publisher.kill()
+                publisher.wait()
+                await subscriber.stop()
+        idle_before = time.process_time()
+        await asyncio.sleep(elapsed_s)
+        idle_s = time.process_time() - idle_before
+        return {"messages": messages, "interval_s": interval_s,
+                "cpu_us_per_message": 1e6 * (cpu_s - idle_s) / max(1, messages)}
+
+    return uvloop.run(run())
+
+
 def subscriber_event_rate(num_events: int, per_batch: int) -> dict:
     """One-block BlockStored events through the real subscriber (ZMQ SUB on an asyncio loop,
     msgpack decode, seq tracking, index apply), published by another process as fast as it can.
@@ -290,6 +337,7 @@ def main() -> None:
         "apply_multi_block_events": apply_rate,
         "apply_single_block_events_per_s": single_block_event_rate(rng),
         "subscriber": [subscriber_event_rate(200_000, 32), subscriber_event_rate(50_000, 1)],
+        "subscriber_paced": subscriber_paced_cpu(),
         "tokenization": tokenization_latency(max(20, args.iterations // 20)),
     }
     print(json.dumps(result, indent=2))
@@ -303,6 +351,7 @@ def markdown(result: dict, command: str) -> str:
     apply = result["apply_multi_block_events"]
     verdict = "pass" if d["p99_us"] <= DECISION_P99_TARGET_US else "FAIL"
     batched, single = result["subscriber"]
+    paced = result["subscriber_paced"]
     events_verdict = "pass" if batched["events_per_s"] >= EVENTS_PER_S_TARGET and not batched["gaps"] else "FAIL"
     compiled = result["compiled"]
     in_c = {True: "in C", False: "in Python (the C extension was not built)"}
@@ -331,13 +380,15 @@ blocks were seen before, as a conversation's history is on its next turn). Block
 | apply, one-block events (the index alone) | {result["apply_single_block_events_per_s"]:,.0f} events/s | | |
 | subscriber: ZMQ SUB + msgpack decode + seq check + apply, one-block events, {batched["events_per_batch"]} per message (a busy engine step) | {batched["events_per_s"]:,.0f} events/s ({batched["events"]:,} events, {batched["gaps"]} gaps) | >= {EVENTS_PER_S_TARGET:,}/s | {events_verdict} |
 | subscriber, one event per message | {single["events_per_s"]:,.0f} events/s | (reported) | |
+| subscriber, one message each {paced["interval_s"] * 1000:g} ms (a live engine's pace): CPU a message, libzmq's thread included | {paced["cpu_us_per_message"]:.0f} µs | (reported) | |
 | chat tokenization, {t["prompt_tokens"]:,} tokens, full encode p50 / p99 | {t["full_encode_p50_us"]:.0f} / {t["full_encode_p99_us"]:.0f} µs | | |
 | chat tokenization, next turn with the prefix cache p50 / p99 | {t["prefix_cached_p50_us"]:.0f} / {t["prefix_cached_p99_us"]:.0f} µs | | |
 | completions tokenization, {t["completion_prompt_tokens"]:,} tokens, full encode p50 / p99 | {t["completion_full_encode_p50_us"]:.0f} / {t["completion_full_encode_p99_us"]:.0f} µs | | |
 | completions tokenization, the same context and a new question, with the prefix cache p50 / p99 | {t["completion_prefix_cached_p50_us"]:.0f} / {t["completion_prefix_cached_p99_us"]:.0f} µs | | |
 
 Tokenization uses {t["note"]}. The subscriber rows publish from another process over ZMQ ipc as
-fast as it can; the rate counts from the first batch applied to the last.
+fast as it can; the rate counts from the first batch applied to the last. The paced row publishes
+{paced["messages"]:,} messages one at a time and takes this process's idle CPU over as long off its CPU.
 """
 
 

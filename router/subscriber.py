@@ -130,19 +130,32 @@ class KvEventSubscriber:
             socket.connect(self.endpoint)
 
     async def _receive(self, socket: zmq.asyncio.Socket) -> None:
-        # The same socket without asyncio futures: messages that are already queued are read with
-        # plain non-blocking receives (an awaited receive costs ~30 µs a message, this ~3), in runs
-        # of at most _DRAIN_BATCHES before the loop gets a turn, so a burst cannot starve requests.
+        # Messages are read with plain non-blocking receives on the socket without asyncio futures (an
+        # awaited receive costs ~30 µs a message, this ~3), in runs of at most _DRAIN_BATCHES before the
+        # loop gets a turn, so a burst cannot starve requests. With nothing queued, the loop waits on the
+        # socket's file descriptor, which libzmq signals edge-triggered: ZMQ_EVENTS is read after the
+        # wait is armed and before it is awaited, so a message that came meanwhile is not missed.
         queued = zmq.Socket.shadow(socket.underlying)
-        while True:
-            await self._handle_safely(await socket.recv_multipart())
-            for _ in range(_DRAIN_BATCHES):
-                try:
-                    frames = queued.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                await self._handle_safely(frames)
-            await asyncio.sleep(0)
+        loop = asyncio.get_running_loop()
+        signalled = asyncio.Event()
+        fd = queued.getsockopt(zmq.FD)
+        loop.add_reader(fd, signalled.set)
+        try:
+            while True:
+                for _ in range(_DRAIN_BATCHES):
+                    try:
+                        frames = queued.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    await self._handle_safely(frames)
+                else:
+                    await asyncio.sleep(0)  # a full run: the loop's turn, then on with what is queued
+                    continue
+                signalled.clear()
+                if not queued.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    await signalled.wait()
+        finally:
+            loop.remove_reader(fd)
 
     async def _handle_safely(self, frames: list[bytes]) -> None:
         try:
