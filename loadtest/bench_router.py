@@ -22,13 +22,17 @@ Run: .venv/bin/python loadtest/bench_router.py [--blocks 1000000] [--iterations 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import datetime
 import gc
 import json
 import random
 import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 from kvgate.clock import ManualClock
@@ -121,44 +125,48 @@ time.sleep(30)  # keep the socket open until the subscriber has read everything 
 """
 
 
+@contextlib.asynccontextmanager
+async def _subscribed(index: KvIndex, publisher_source: str, num_events: int, per_batch: int):
+    """The real subscriber (KvEventSubscriber, on this loop) applying to index what a publisher process
+    (publisher_source, _PUBLISHER's arguments) sends over ZMQ ipc; yields the subscriber's counters."""
+    from router.subscriber import KvEventSubscriber
+
+    index.add_worker("w", model_name=MODEL)
+    index.reserve(num_events)
+    with tempfile.TemporaryDirectory() as tmp:
+        endpoint = f"ipc://{tmp}/kv-events"
+        subscriber = KvEventSubscriber("w", index, endpoint)
+        subscriber.start()
+        publisher = subprocess.Popen([sys.executable, "-c", publisher_source, endpoint, str(num_events), str(per_batch),
+                                      str(BLOCK_SIZE)])
+        try:
+            yield subscriber.counters
+        finally:
+            publisher.kill()
+            publisher.wait()
+            await subscriber.stop()
+
+
 def subscriber_paced_cpu(num_messages: int = 2000, interval_s: float = 0.001) -> dict:
     """The subscriber's CPU a message (this process's, libzmq's I/O thread included) when messages come one
     at a time, as a live engine publishes them: one one-block event each interval_s. The process's idle CPU
     over as long is taken off."""
-    import asyncio
-    import subprocess
-    import tempfile
-
     import uvloop
-
-    from router.subscriber import KvEventSubscriber
 
     paced = _PUBLISHER.replace("    socket.send_multipart([b\"kv\", seq, payload])",
                                f"    socket.send_multipart([b\"kv\", seq, payload]); time.sleep({interval_s})")
     assert paced != _PUBLISHER
 
     async def run() -> dict:
-        index = KvIndex(default_max_blocks=num_messages)
-        index.add_worker("w", model_name=MODEL)
-        index.reserve(num_messages)
-        with tempfile.TemporaryDirectory() as tmp:
-            endpoint = f"ipc://{tmp}/kv-events"
-            subscriber = KvEventSubscriber("w", index, endpoint)
-            subscriber.start()
-            publisher = subprocess.Popen([sys.executable, "-c", paced, endpoint, str(num_messages), "1", str(BLOCK_SIZE)])
-            try:
-                counters, deadline = subscriber.counters, time.perf_counter() + 120
-                while counters.events_applied < 1 and time.perf_counter() < deadline:
-                    await asyncio.sleep(0.001)
-                cpu_before, started, applied_before = time.process_time(), time.perf_counter(), counters.events_applied
-                while counters.events_applied < num_messages and time.perf_counter() < deadline:
-                    await asyncio.sleep(0.05)
-                cpu_s, elapsed_s = time.process_time() - cpu_before, time.perf_counter() - started
-                messages = counters.events_applied - applied_before
-            finally:
-                publisher.kill()
-                publisher.wait()
-                await subscriber.stop()
+        async with _subscribed(KvIndex(default_max_blocks=num_messages), paced, num_messages, 1) as counters:
+            deadline = time.perf_counter() + 120
+            while counters.events_applied < 1 and time.perf_counter() < deadline:
+                await asyncio.sleep(0.001)
+            cpu_before, started, applied_before = time.process_time(), time.perf_counter(), counters.events_applied
+            while counters.events_applied < num_messages and time.perf_counter() < deadline:
+                await asyncio.sleep(0.05)
+            cpu_s, elapsed_s = time.process_time() - cpu_before, time.perf_counter() - started
+            messages = counters.events_applied - applied_before
         idle_before = time.process_time()
         await asyncio.sleep(elapsed_s)
         idle_s = time.process_time() - idle_before
@@ -174,13 +182,7 @@ def subscriber_event_rate(num_events: int, per_batch: int) -> dict:
 
     The rate counts from the first batch applied to the last, so the publisher's start-up and
     ZMQ's connection set-up are not in it."""
-    import asyncio
-    import subprocess
-    import tempfile
-
     import uvloop
-
-    from router.subscriber import KvEventSubscriber
 
     class TimedIndex(KvIndex):
         """Notes when the first and the last batch were applied."""
@@ -195,22 +197,10 @@ def subscriber_event_rate(num_events: int, per_batch: int) -> dict:
 
     async def run() -> dict:
         index = TimedIndex(default_max_blocks=num_events)
-        index.add_worker("w", model_name=MODEL)
-        index.reserve(num_events)
-        with tempfile.TemporaryDirectory() as tmp:
-            endpoint = f"ipc://{tmp}/kv-events"
-            subscriber = KvEventSubscriber("w", index, endpoint)
-            subscriber.start()
-            publisher = subprocess.Popen([sys.executable, "-c", _PUBLISHER, endpoint, str(num_events), str(per_batch),
-                                          str(BLOCK_SIZE)])
-            try:
-                counters, deadline = subscriber.counters, time.perf_counter() + 120
-                while counters.events_applied < num_events and time.perf_counter() < deadline:
-                    await asyncio.sleep(0.01)
-            finally:
-                publisher.kill()
-                publisher.wait()
-                await subscriber.stop()
+        async with _subscribed(index, _PUBLISHER, num_events, per_batch) as counters:
+            deadline = time.perf_counter() + 120
+            while counters.events_applied < num_events and time.perf_counter() < deadline:
+                await asyncio.sleep(0.01)
         # the first batch's own events are applied at first_s: they are not in the interval
         timed_events = counters.events_applied - per_batch
         elapsed_s = index.last_s - index.first_s
