@@ -39,7 +39,7 @@ class UpstreamError(Exception):
 
 class map_upstream_errors:  # noqa: N801 - used as a function, like contextlib.suppress
     """`with map_upstream_errors(phase): ...` translates httpx exceptions into UpstreamError; phase
-    names what we were waiting for. (A class rather than a generator: it is entered on every read.)"""
+    names what we were waiting for. (A class rather than a generator: it is entered on every request.)"""
 
     __slots__ = ("phase",)
 
@@ -53,13 +53,22 @@ class map_upstream_errors:  # noqa: N801 - used as a function, like contextlib.s
                  tb: TracebackType | None) -> bool:
         if exc is None or not isinstance(exc, httpx.HTTPError):
             return False
-        if isinstance(exc, httpx.ConnectError):
-            raise UpstreamError("connect", f"cannot connect: {exc}") from exc
-        if isinstance(exc, httpx.ConnectTimeout):
-            raise UpstreamError("connect", "connect timed out") from exc
-        if isinstance(exc, httpx.TimeoutException):
-            raise UpstreamError("first_byte_timeout" if self.phase == "headers" else "idle_timeout",
-                                f"timed out waiting for {self.phase}") from exc
-        if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.NetworkError)):
-            raise UpstreamError("protocol", f"connection lost during {self.phase}: {exc!r}") from exc
-        return False
+        error = upstream_error(exc, self.phase)
+        if error is None:
+            return False
+        raise error from exc
+
+
+def upstream_error(exc: httpx.HTTPError, phase: str) -> UpstreamError | None:
+    """exc as an UpstreamError (None: not an upstream failure), as map_upstream_errors raises it; for a
+    loop that reads every token, where `except httpx.HTTPError` costs nothing until one is raised."""
+    if isinstance(exc, httpx.ConnectError):
+        return UpstreamError("connect", f"cannot connect: {exc}")
+    if isinstance(exc, httpx.ConnectTimeout):
+        return UpstreamError("connect", "connect timed out")
+    if isinstance(exc, httpx.TimeoutException):
+        return UpstreamError("first_byte_timeout" if phase == "headers" else "idle_timeout",
+                             f"timed out waiting for {phase}")
+    if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.NetworkError)):
+        return UpstreamError("protocol", f"connection lost during {phase}: {exc!r}")
+    return None

@@ -72,6 +72,10 @@ class SseParser:
         self._pending_has_cr = False
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
+        if not self._pending and chunk.endswith(b"\n\n") and chunk.find(b"\n\n") == len(chunk) - 2 \
+                and b"\r" not in chunk:
+            event = _parse(chunk)  # the usual read of a live stream: one whole event, LF-terminated
+            return [event] if event is not None else []
         if self._pending:
             searched = len(self._pending)
             self._pending += chunk

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from gateway.errors import UpstreamError, map_upstream_errors
+from gateway.errors import UpstreamError, map_upstream_errors, upstream_error
 from gateway.sse import SseError, SseEvent, SseParser
 from gateway.upstream_http import UpstreamClient, UpstreamResponse
 
@@ -92,10 +92,14 @@ async def read_events(attempt: Attempt, timeout_s: float) -> list[SseEvent]:
     """The next complete events; [] with attempt.eof set at the end of the stream."""
     while True:
         try:
-            with map_upstream_errors("a chunk"):
-                chunk = await attempt.response.next_chunk(timeout_s)
+            chunk = await attempt.response.next_chunk(timeout_s)
         except TimeoutError:
             raise UpstreamError("idle_timeout", f"no data for {timeout_s} s") from None
+        except httpx.HTTPError as exc:  # map_upstream_errors' translation, without a context manager a token
+            error = upstream_error(exc, "a chunk")
+            if error is None:
+                raise
+            raise error from exc
         if chunk is None:
             attempt.eof = True
             return []
