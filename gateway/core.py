@@ -17,7 +17,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import httpx
 
 from admission.redis_buckets import RedisBuckets, SharedBuckets
 from admission.token_bucket import LocalBuckets
@@ -29,7 +28,7 @@ from gateway.peers import PeerLink
 from gateway.registry_watch import RegistryWatcher
 from gateway.routing_config import PolicyFileWatcher, prompt_token_limits, routing_rules, tenant_cache_salts
 from gateway.telemetry import Telemetry
-from gateway.upstream_http import KEEPALIVE_EXPIRY_S, UpstreamClient
+from gateway.upstream_http import UpstreamClient
 from kvgate.config import KvgateConfig
 from kvgate.offload import Offloader
 from kvgate.tasks import stop_tasks
@@ -45,7 +44,7 @@ SLOW_STOP_STEP_S = 1.0
 
 class GatewayCore:
     def __init__(self, config: KvgateConfig, tokenizer_dirs: Mapping[str, Path] | None = None,
-                 http: httpx.AsyncClient | None = None, rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None) -> None:
         """Raises ConfigError (naming the YAML path) for routing rules the router cannot use."""
         rules = routing_rules(config)
         self.config = config
@@ -53,9 +52,7 @@ class GatewayCore:
         self.metrics = GatewayMetrics()
         self.telemetry = Telemetry.from_config(config)
         self.rng = rng or random.Random()
-        self.http = http or httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024, keepalive_expiry=KEEPALIVE_EXPIRY_S))
-        self.upstream = UpstreamClient()  # completions traffic; self.http serves health checks and scrapes
+        self.upstream = UpstreamClient()  # completions, health checks and metrics scrapes
         self.offload = Offloader(config.limits.offload_min_bytes)  # a large request's parse, tokenizing, encoding
         self.tokenizers = _routing_tokenizers(config, tokenizer_dirs or {})
         max_model_lens = prompt_token_limits(config)
@@ -64,7 +61,7 @@ class GatewayCore:
         # the longest prompt any pool takes (None while some pool's limit is unknown)
         self.longest_prompt_tokens = (max(max_model_lens.values())
                                       if max_model_lens and len(max_model_lens) == len(config.pools) else None)
-        self.fleet = Fleet(config, self.router, self.metrics, self.http)
+        self.fleet = Fleet(config, self.router, self.metrics, self.upstream)
         self.redis = _redis_client(config.redis.url)
         self.keys = KeyStore(config.auth, dict(os.environ), redis_client=self.redis)
         # tenant limits: in this process, or in Redis shared by every replica (each replica's share locally while
@@ -119,7 +116,7 @@ class GatewayCore:
             steps.append(("shared limits probe", self.buckets.aclose))
         steps += [("fleet", self.fleet.stop), ("upstream client", self.upstream.aclose),
                   ("offload threads", lambda: asyncio.to_thread(self.offload.close)),
-                  ("health client", self.http.aclose), ("key store", self.keys.aclose),
+                  ("key store", self.keys.aclose),
                  ("trace export", lambda: asyncio.to_thread(self.telemetry.shutdown))]
         if self.redis is not None:
             steps.append(("redis client", self.redis.aclose))

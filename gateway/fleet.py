@@ -23,6 +23,7 @@ import httpx
 from gateway.breakers import OPEN, STATE_VALUES, WorkerBreaker
 from gateway.metrics import GatewayMetrics
 from gateway.outliers import OutlierDetector
+from gateway.upstream_http import UpstreamClient
 from kvgate.config import KvgateConfig, WorkerConfig
 from kvgate.kv_endpoints import replay_endpoint
 from kvgate.tasks import stop_tasks
@@ -59,7 +60,7 @@ class Worker:
 
 class Fleet:
     def __init__(self, config: KvgateConfig, router: Router, metrics: GatewayMetrics,
-                 http: httpx.AsyncClient, clock=time.monotonic) -> None:
+                 http: UpstreamClient | None, clock=time.monotonic) -> None:
         self.config = config
         self.router = router
         self.metrics = metrics
@@ -217,9 +218,9 @@ class Fleet:
     async def _check(self, worker: Worker, initial: bool = False) -> None:
         cfg = self.config.health
         try:
-            response = await self._http.get(f"{worker.url}/health", timeout=cfg.timeout_s)
-            ok = response.status_code == 200
-        except httpx.HTTPError:
+            status, _ = await self._http.get(f"{worker.url}/health", cfg.timeout_s)
+            ok = status == 200
+        except (httpx.HTTPError, TimeoutError):
             ok = False
         if initial:
             worker.healthy = ok
@@ -244,9 +245,9 @@ class Fleet:
     async def _scrape(self, worker: Worker) -> dict:
         """Feeds the worker's scraped load to the router; returns what it says of its KV cache."""
         try:
-            response = await self._http.get(f"{worker.url}/metrics", timeout=self.config.health.timeout_s)
-            values = parse_vllm_load(response.text) if response.status_code == 200 else {}
-        except (httpx.HTTPError, ValueError):
+            status, page = await self._http.get(f"{worker.url}/metrics", self.config.health.timeout_s)
+            values = parse_vllm_load(page.decode("utf-8", "replace")) if status == 200 else {}
+        except (httpx.HTTPError, TimeoutError, ValueError):
             return {}
         if self.workers.get(worker.worker_id) is not worker:
             return {}

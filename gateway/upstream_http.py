@@ -1,11 +1,12 @@
-"""A small HTTP/1.1 client for worker calls: keep-alive connections per origin, parsed by httptools.
+"""A small HTTP/1.1 client for worker calls (completions, streamed; health checks and metrics scrapes):
+keep-alive connections per origin, parsed by httptools.
 
 httpx's pool scans every pooled connection (and polls its socket) on each request, which costs
 more than the rest of the proxy at a few hundred connections; this client pops an idle
 connection in O(1). The reader takes whatever body bytes have arrived as one piece; reading stops
 while more than MAX_BUFFERED_BYTES wait for it, so a slow client still pushes back on the worker.
-Network failures raise httpx's exception types, so gateway.errors.map_upstream_errors stays the one
-place that translates upstream errors.
+Network failures raise httpx's exception types, so gateway/errors.py stays the one place that
+translates upstream errors.
 
 Idle connections expire after KEEPALIVE_EXPIRY_S, below the workers' own idle close (uvicorn's
 default is 5 s), so the gateway normally drops a connection before the worker does. A request on a
@@ -28,6 +29,7 @@ import httpx
 MAX_BUFFERED_BYTES = 256 * 1024
 KEEPALIVE_EXPIRY_S = 4.0  # below the worker's idle close (uvicorn's timeout_keep_alive, 5 s by default)
 MAX_IDLE_PER_ORIGIN = 1024
+MAX_GET_BYTES = 8 * 1024 * 1024  # a GET's whole body (a worker's /metrics page: vLLM's is ~100 KiB)
 
 Origin = tuple[str, str, int]  # scheme, host, port
 
@@ -201,11 +203,12 @@ class UpstreamResponse:
 
 class UpstreamClient:
     """POST JSON, stream the answer: `await client.post_stream(url, payload, headers, connect_timeout_s,
-    headers_timeout_s)`."""
+    headers_timeout_s)`; GET a page whole: `status, body = await client.get(url, timeout_s)`."""
 
     def __init__(self, *, keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S, clock=time.monotonic) -> None:
         self._idle: dict[Origin, list[_Connection]] = {}
-        self._targets: dict[str, tuple[Origin, str]] = {}  # url -> (origin, the request head's fixed start)
+        self._targets: dict[str, tuple[Origin, str]] = {}  # url -> (origin, a POST head's fixed start)
+        self._get_requests: dict[str, tuple[Origin, bytes]] = {}  # url -> (origin, a GET's request)
         self._keepalive_expiry_s = keepalive_expiry_s
         self._clock = clock
         self._ssl: ssl.SSLContext | None = None
@@ -218,7 +221,29 @@ class UpstreamClient:
         a pooled connection the worker closed before answering a byte, the request goes once more on
         a fresh connection; a fresh connection's failure is raised as it is."""
         origin, head_start = self._target(url)
-        request = _request_head(head_start, headers, len(payload)) + payload
+        return await self._send(origin, _request_head(head_start, headers, len(payload)) + payload, connect_timeout_s,
+                                headers_timeout_s)
+
+    async def get(self, url: str, timeout_s: float, max_bytes: int = MAX_GET_BYTES) -> tuple[int, bytes]:
+        """GET url: its status and whole body, within timeout_s in all (TimeoutError); httpx.ReadError for a
+        body over max_bytes. For health checks and metrics scrapes: a fraction of httpx's CPU a request,
+        which a fleet's checks pay every interval for every worker."""
+        origin, request = self._get_target(url)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        response = await self._send(origin, request, timeout_s, timeout_s)
+        body = bytearray()
+        try:
+            while (chunk := await response.next_chunk(max(0.0, deadline - loop.time()))) is not None:
+                body += chunk
+                if len(body) > max_bytes:
+                    raise httpx.ReadError(f"{url}: response body over {max_bytes} bytes")
+        finally:
+            await response.aclose()
+        return response.status_code, bytes(body)
+
+    async def _send(self, origin: Origin, request: bytes, connect_timeout_s: float,
+                    headers_timeout_s: float | None) -> UpstreamResponse:
         deadline = None if headers_timeout_s is None else asyncio.get_running_loop().time() + headers_timeout_s
         conn = self._pop_idle(origin)
         if conn is not None:
@@ -297,17 +322,32 @@ class UpstreamClient:
         """url's origin, and the start of a POST's head to it (up to its content-length), made once a url."""
         cached = self._targets.get(url)
         if cached is None:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise httpx.UnsupportedProtocol(f"unsupported worker URL {url!r}")
-            default_port = 443 if parts.scheme == "https" else 80
-            port = parts.port or default_port
-            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            authority = parts.hostname if port == default_port else f"{parts.hostname}:{port}"
+            origin, target, authority = _split_url(url)
             head_start = (f"POST {target} HTTP/1.1\r\nhost: {authority}\r\naccept: */*\r\n"
                           "content-type: application/json\r\n")
-            cached = self._targets[url] = ((parts.scheme, parts.hostname, port), head_start)
+            cached = self._targets[url] = (origin, head_start)
         return cached
+
+    def _get_target(self, url: str) -> tuple[Origin, bytes]:
+        """url's origin, and a GET's whole request to it, made once a url."""
+        cached = self._get_requests.get(url)
+        if cached is None:
+            origin, target, authority = _split_url(url)
+            request = f"GET {target} HTTP/1.1\r\nhost: {authority}\r\naccept: */*\r\n\r\n".encode("latin-1")
+            cached = self._get_requests[url] = (origin, request)
+        return cached
+
+
+def _split_url(url: str) -> tuple[Origin, str, str]:
+    """url's origin, its request target (path and query) and its host header's value."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise httpx.UnsupportedProtocol(f"unsupported worker URL {url!r}")
+    default_port = 443 if parts.scheme == "https" else 80
+    port = parts.port or default_port
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    authority = parts.hostname if port == default_port else f"{parts.hostname}:{port}"
+    return (parts.scheme, parts.hostname, port), target, authority
 
 
 def _request_head(head_start: str, headers: dict[str, str], content_length: int) -> bytes:

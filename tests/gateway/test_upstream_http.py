@@ -1,6 +1,7 @@
 """The gateway's keep-alive client for worker calls (gateway/upstream_http.py) against a raw asyncio
-server on loopback: connection reuse and expiry, and a worker closing an idle connection as a
-request goes out (retried once on a fresh connection, never a worker failure)."""
+server on loopback: connection reuse and expiry, a worker closing an idle connection as a request
+goes out (retried once on a fresh connection, never a worker failure), and GETs read whole (health
+checks and scrapes) within their time and size bounds."""
 
 from __future__ import annotations
 
@@ -84,8 +85,8 @@ class RawWorker:
                 head = await reader.readuntil(b"\r\n\r\n")
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             return False
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length:"))
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)  # a GET's: none
         await reader.readexactly(length)
         return True
 
@@ -263,5 +264,43 @@ def test_a_worker_closing_idle_connections_sooner_than_the_pool_expires_them_cos
                 assert await answered(client, worker) == ANSWER
                 await wait_for(lambda: worker.num_closed == num_closed)
         assert worker.num_connections == 5
+
+    asyncio.run(scenario())
+
+
+def test_a_get_reads_the_whole_body_on_a_pooled_connection():
+    async def scenario() -> None:
+        async with raw_worker() as worker:
+            client = worker.client()
+            assert await answered(client, worker) == ANSWER
+            assert await client.get(worker.url.replace("/v1/completions", "/metrics"), timeout_s=2.0) == (200, ANSWER)
+            assert await client.get(worker.url, timeout_s=2.0, max_bytes=len(ANSWER)) == (200, ANSWER)
+        assert (worker.num_connections, worker.num_requests) == (1, 3)
+
+    asyncio.run(scenario())
+
+
+def test_a_get_over_its_size_bound_is_an_error():
+    async def scenario() -> None:
+        async with raw_worker() as worker:
+            client = worker.client()
+            with pytest.raises(httpx.ReadError, match="over 10 bytes"):
+                await client.get(worker.url, timeout_s=2.0, max_bytes=10)
+            assert await client.get(worker.url, timeout_s=2.0) == (200, ANSWER)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("action", ["silent", "partial_body"])
+def test_a_get_not_answered_whole_within_its_time_is_a_timeout(action):
+    """The bound covers the whole exchange: a worker that never answers, or stops mid-body."""
+    async def scenario() -> None:
+        async with raw_worker(first_connection_then(action)) as worker:
+            client = worker.client()
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                await client.get(worker.url, timeout_s=0.3)
+            assert time.monotonic() - started < 1.5
+            assert await client.get(worker.url, timeout_s=2.0) == (200, ANSWER)
 
     asyncio.run(scenario())
