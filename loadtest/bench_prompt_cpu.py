@@ -39,7 +39,7 @@ from loadtest import side_by_side
 from loadtest.bench_gateway import API_KEY, cpu_placement
 from loadtest.benchdoc import machine_description, replace_section
 from loadtest.engines import DEFAULT_SERVED_MODEL_NAME
-from loadtest.procs import ChildProcess, free_port, process_cpu_s
+from loadtest.procs import ChildProcess, free_port, tree_cpu_s
 
 SECTION = "prompt-cpu"
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,15 +61,16 @@ def words(rng: random.Random, count: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(count))
 
 
-def request_bodies(kind: str, shared_words: int, own_words: int, seed: int) -> list[dict[str, Any]]:
-    """REQUESTS_PER_CELL + 1 streamed requests (the first warms the caches), all starting with one
+def request_bodies(kind: str, shared_words: int, own_words: int, seed: int, output_tokens: int = OUTPUT_TOKENS,
+                   requests: int = REQUESTS_PER_CELL) -> list[dict[str, Any]]:
+    """requests + 1 streamed requests of output_tokens (the first warms the caches), all starting with one
     shared text of shared_words, each ending in own_words of its own."""
     rng = random.Random(seed)
     shared = words(rng, shared_words)
     bodies = []
-    for i in range(REQUESTS_PER_CELL + 1):
+    for i in range(requests + 1):
         own = f"Question {i}: {words(rng, own_words)}"
-        body: dict[str, Any] = {"model": DEFAULT_SERVED_MODEL_NAME, "max_tokens": OUTPUT_TOKENS, "ignore_eos": True,
+        body: dict[str, Any] = {"model": DEFAULT_SERVED_MODEL_NAME, "max_tokens": output_tokens, "ignore_eos": True,
                                 "stream": True, "stream_options": {"include_usage": True}}
         if kind == "chat":
             body["messages"] = [{"role": "system", "content": shared}, {"role": "user", "content": own}]
@@ -92,15 +93,17 @@ def send(client: httpx.Client, body: dict[str, Any]) -> int:
     return int((usage or {}).get("completion_tokens") or 0)
 
 
-def measure_cell(client: httpx.Client, pid: int, name: str, seed: int) -> dict[str, Any]:
+def measure_cell(client: httpx.Client, pid: int, name: str, seed: int, output_tokens: int = OUTPUT_TOKENS,
+                 requests: int = REQUESTS_PER_CELL) -> dict[str, Any]:
+    """The CPU time of pid (and its children) over one cell of CELLS sent through client."""
     kind, shared_words, own_words = CELLS[name]
-    first, *bodies = request_bodies(kind, shared_words, own_words, seed)
+    first, *bodies = request_bodies(kind, shared_words, own_words, seed, output_tokens, requests)
     send(client, first)
-    cpu_before, started = process_cpu_s(pid), time.perf_counter()
+    cpu_before, started = tree_cpu_s([pid]), time.perf_counter()
     for body in bodies:
-        if send(client, body) != OUTPUT_TOKENS:
-            raise RuntimeError(f"{name}: an answer of other than {OUTPUT_TOKENS} tokens")
-    cpu_s = process_cpu_s(pid) - cpu_before
+        if send(client, body) != output_tokens:
+            raise RuntimeError(f"{name}: an answer of other than {output_tokens} tokens")
+    cpu_s = tree_cpu_s([pid]) - cpu_before
     return {"cell": name, "requests": len(bodies), "cpu_s": cpu_s, "wall_s": time.perf_counter() - started,
             "cpu_ms_per_request": cpu_s * 1000 / len(bodies)}
 
