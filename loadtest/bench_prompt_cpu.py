@@ -119,6 +119,25 @@ def start_worker(tmp_dir: Path, cpus: set[int] | None) -> tuple[ChildProcess, in
     return worker, port, kv_port
 
 
+def start_worker_and_gateways(stack: ExitStack, tmp_dir: Path, trees: dict[str, Path]
+                              ) -> tuple[int, dict[str, tuple[int, int]]]:
+    """The worker, on the CPUs beside the gateways' (this process, the client, moves there too), and each
+    tree's gateway in front of it (side_by_side.start_gateway); all stopped with stack. (The worker's port,
+    {tree's name: (its gateway's pid, port)})."""
+    other_cpus = cpu_placement()[1]
+    worker, worker_port, kv_port = start_worker(tmp_dir, other_cpus)
+    stack.callback(worker.stop)
+    if other_cpus:
+        os.sched_setaffinity(0, other_cpus)  # the client beside the worker, off the gateways' CPU
+    gateways = {}
+    for name, tree in trees.items():
+        gateway, port = side_by_side.start_gateway(
+            tree, lambda port: gateway_config(port, worker_port, kv_port), tmp_dir, name.split(" ")[0])
+        stack.callback(gateway.stop, 30)
+        gateways[name] = (gateway.popen.pid, port)
+    return worker_port, gateways
+
+
 def gateway_config(port: int, worker_port: int, kv_port: int) -> dict[str, Any]:
     """One pool of the one worker, with SmolLM2's tokenizer and the worker's KV events; no request log lines."""
     pool = {"model": DEFAULT_SERVED_MODEL_NAME, "tokenizer": "default", "policy": {"type": "kv_aware"},
@@ -194,20 +213,10 @@ def main() -> None:
     if args.doc_only:
         return replace_section(SECTION, markdown(json.loads(RESULTS_PATH.read_text())))
     started = time.perf_counter()
-    other_cpus = cpu_placement()[1]
     with tempfile.TemporaryDirectory(prefix="bench-prompt-cpu-") as tmp, ExitStack() as stack:
         tmp_dir = Path(tmp)
         trees = side_by_side.compared_trees(args.baseline, tmp_dir)
-        worker, worker_port, kv_port = start_worker(tmp_dir, other_cpus)
-        stack.callback(worker.stop)
-        if other_cpus:
-            os.sched_setaffinity(0, other_cpus)  # the client beside the worker, off the gateways' CPU
-        gateways = {}
-        for name, tree in trees.items():
-            gateway, port = side_by_side.start_gateway(
-                tree, lambda port: gateway_config(port, worker_port, kv_port), tmp_dir, name.split(" ")[0])
-            stack.callback(gateway.stop, 30)
-            gateways[name] = (gateway.popen.pid, port)
+        _worker_port, gateways = start_worker_and_gateways(stack, tmp_dir, trees)
         trees_figures = measure(gateways, args.rounds)
     result = {"benchmark": SECTION, "baseline": args.baseline,
               "command": side_by_side.command("loadtest.bench_prompt_cpu", args),

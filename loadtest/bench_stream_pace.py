@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -40,7 +39,7 @@ import httpx
 
 from loadtest import side_by_side
 from loadtest.bench_gateway import API_KEY, cpu_placement
-from loadtest.bench_prompt_cpu import gateway_config, measure_cell, start_worker
+from loadtest.bench_prompt_cpu import measure_cell, start_worker_and_gateways
 from loadtest.bench_proxy import FLOOR, SGLANG, SGLANG_INSTALL, SGLANG_VENV, start_floor, start_sglang
 from loadtest.benchdoc import machine_description, replace_section
 from loadtest.procs import free_port
@@ -140,20 +139,12 @@ def main() -> None:
     if args.doc_only:
         return replace_section(SECTION, markdown(json.loads(RESULTS_PATH.read_text())))
     started = time.perf_counter()
-    proxy_cpus, other_cpus = cpu_placement()
+    proxy_cpus = cpu_placement()[0]
     with tempfile.TemporaryDirectory(prefix="bench-stream-pace-") as tmp, ExitStack() as stack:
         tmp_dir = Path(tmp)
         trees = side_by_side.compared_trees(args.baseline, tmp_dir)
-        worker, worker_port, kv_port = start_worker(tmp_dir, other_cpus)
-        stack.callback(worker.stop)
-        if other_cpus:
-            os.sched_setaffinity(0, other_cpus)  # the client beside the worker, off the proxies' CPU
-        proxies: dict[str, tuple[int, int]] = {}
-        for name, tree in trees.items():
-            gateway, port = side_by_side.start_gateway(
-                tree, lambda port: gateway_config(port, worker_port, kv_port), tmp_dir, name.split(" ")[0])
-            stack.callback(gateway.stop, 30)
-            proxies[f"kvgate, {name}"] = (gateway.popen.pid, port)
+        worker_port, gateways = start_worker_and_gateways(stack, tmp_dir, trees)
+        proxies = {f"kvgate, {name}": gateway for name, gateway in gateways.items()}
         starters = [(FLOOR, start_floor)]
         if not args.no_sglang and (SGLANG_VENV / "bin" / "python").exists():
             starters.append((f"{SGLANG} cache_aware", start_sglang))
