@@ -150,18 +150,17 @@ class KvEventSubscriber:
         loop.add_reader(fd, readable)
         try:
             while True:
+                signalled.clear()
                 for _ in range(_DRAIN_BATCHES):
-                    try:
-                        frames = queued.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
+                    # ZMQ_EVENTS says whether a message is queued (its parts come together): a receive
+                    # finding none would raise zmq.Again, an exception built in Python for every message
+                    if not queued.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                         break
-                    await self._handle_safely(frames)
+                    await self._handle_safely(queued.recv_multipart(zmq.NOBLOCK))
                 else:
                     await asyncio.sleep(0)  # a full run: the loop's turn, then on with what is queued
                     continue
-                signalled.clear()
-                if not queued.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                    await signalled.wait()
+                await signalled.wait()
         finally:
             loop.remove_reader(fd)
 
