@@ -17,7 +17,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-
 from admission.redis_buckets import RedisBuckets, SharedBuckets
 from admission.token_bucket import LocalBuckets
 from gateway.admission import admission_from_config, pool_concurrency_ceiling

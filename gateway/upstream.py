@@ -95,7 +95,7 @@ async def read_events(attempt: Attempt, timeout_s: float) -> list[SseEvent]:
             chunk = await attempt.response.next_chunk(timeout_s)
         except TimeoutError:
             raise UpstreamError("idle_timeout", f"no data for {timeout_s} s") from None
-        except httpx.HTTPError as exc:  # map_upstream_errors' translation, without a context manager a token
+        except httpx.HTTPError as exc:  # map_upstream_errors' translation, without entering it for every token
             error = upstream_error(exc, "a chunk")
             if error is None:
                 raise
