@@ -76,9 +76,20 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if not self.complete:
-            self._fail(httpx.ReadError(f"worker closed the connection: {exc!r}") if exc else
-                       httpx.RemoteProtocolError("worker closed the connection before the response ended"))
+        if self.complete:
+            return
+        if exc is None and self.headers_done and self._ends_at_close():
+            self.complete = True  # the worker's close is the body's end (an HTTP/1.0-style answer)
+            self._wake()
+            return
+        self._fail(httpx.ReadError(f"worker closed the connection: {exc!r}") if exc else
+                   httpx.RemoteProtocolError("worker closed the connection before the response ended"))
+
+    def _ends_at_close(self) -> bool:
+        """Whether the response's body is delimited by the connection's close: neither a content-length
+        nor a chunked transfer-encoding (RFC 9112 6.3; httptools reads such a body but cannot end it)."""
+        return not any(name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value.lower())
+                       for name, value in self.headers)
 
     # -- httptools callbacks -----------------------------------------------------------------
 

@@ -44,7 +44,8 @@ class RawWorker:
     """An HTTP/1.1 server on a loopback port that answers each request per plan: "answer" (ANSWER,
     kept alive), "eof" or "reset" (close without a byte, as an idle close racing the request does),
     "partial_head" (half a status line, then close), "partial_body" (headers and part of the body,
-    then wait for the client to go), "silent" (no answer: wait for the client to go). idle_close_s:
+    then wait for the client to go), "silent" (no answer: wait for the client to go), "close_delimited"
+    (an HTTP/1.0 answer without a length, ended by closing the connection). idle_close_s:
     close a connection idle that long."""
 
     def __init__(self, plan: Plan = always_answer, idle_close_s: float | None = None) -> None:
@@ -101,6 +102,9 @@ class RawWorker:
             await reader.read()  # until the client closes
         elif action == "silent":
             await reader.read()
+        elif action == "close_delimited":  # HTTP/1.0 style: no length, the close ends the body
+            writer.write(b"HTTP/1.0 200 OK\r\ncontent-type: text/event-stream\r\n\r\n" + ANSWER)
+            await writer.drain()
 
 
 @contextlib.asynccontextmanager
@@ -302,5 +306,17 @@ def test_a_get_not_answered_whole_within_its_time_is_a_timeout(action):
                 await client.get(worker.url, timeout_s=0.3)
             assert time.monotonic() - started < 1.5
             assert await client.get(worker.url, timeout_s=2.0) == (200, ANSWER)
+
+    asyncio.run(scenario())
+
+
+def test_a_body_ended_by_the_workers_close_is_read_whole_by_a_get_and_a_stream():
+    """An HTTP/1.0-style answer (no content-length, not chunked): the close is the body's end, not a failure."""
+    async def scenario() -> None:
+        async with raw_worker(lambda conn_index, request_index: "close_delimited") as worker:
+            client = worker.client()
+            assert await client.get(worker.url, timeout_s=2.0) == (200, ANSWER)
+            assert await answered(client, worker) == ANSWER
+        assert worker.num_connections == 2  # neither was kept
 
     asyncio.run(scenario())
