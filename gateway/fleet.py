@@ -55,6 +55,7 @@ class Worker:
     in_rotation: bool = True
     failed: bool = False  # health checks failing or breaker open
     answered: bool = False  # has passed a health check since the gateway started
+    has_left_rotation: bool = False  # was in rotation and left it since the gateway started (a return is a rejoin)
     subscriber: KvEventSubscriber | None = field(default=None, repr=False)
 
 
@@ -165,10 +166,11 @@ class Fleet:
         if not in_rotation and not worker.answered:  # e.g. started together with the gateway, still loading
             log.info("worker %s not in rotation yet: waiting for its first health check to pass", worker.worker_id)
         elif not in_rotation:
+            worker.has_left_rotation = True
             log.warning("worker %s left rotation (healthy=%s breaker=%s ejected=%s)", worker.worker_id,
                         worker.healthy, worker.breaker.state, self.outliers[worker.pool].is_ejected(worker.worker_id))
         else:
-            log.info("worker %s rejoined rotation", worker.worker_id)
+            log.info("worker %s %s rotation", worker.worker_id, "rejoined" if worker.has_left_rotation else "joined")
 
     def _on_breaker_change(self, worker_id: str, old: str, new: str) -> None:
         worker = self.workers.get(worker_id)

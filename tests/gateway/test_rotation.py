@@ -181,6 +181,24 @@ def test_slowness_is_judged_against_the_workers_own_pool():
     assert not fleet.available("c")
 
 
+def test_the_log_says_joined_for_a_first_entry_and_rejoined_only_after_leaving(caplog):
+    """A worker still loading when the gateway starts joins rotation; one that left it rejoins."""
+    fleet = two_pool_fleet()
+    worker = fleet.workers["a"]
+    worker.healthy = False
+    fleet._refresh_rotation(worker)  # the first health check has not passed yet
+    worker.answered, worker.healthy = True, True
+    with caplog.at_level("INFO", logger="kvgate.gateway"):
+        fleet._refresh_rotation(worker)
+        worker.healthy = False
+        fleet._refresh_rotation(worker)
+        worker.healthy = True
+        fleet._refresh_rotation(worker)
+    assert [r.getMessage() for r in caplog.records] == [
+        "worker a joined rotation", "worker a left rotation (healthy=False breaker=closed ejected=False)",
+        "worker a rejoined rotation"]
+
+
 @pytest.mark.slow
 def test_a_dead_worker_leaves_rotation_and_rejoins_when_it_comes_back(tmp_path):
     with ExitStack() as stack:
