@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 from admission.cost import request_cost_usd
 from admission.priority import Priority
 from gateway.admission import Admission, AdmissionRequest, Refused
+from gateway.batch import Batch, batch_prompts
 from gateway.client_watch import ClientWatch
 from gateway.errors import UpstreamError
 from gateway.fleet import Fleet
@@ -86,7 +87,7 @@ class ProxyEndpoint:
         metrics = self.metrics
         record = state.get("log")  # the request's log line (None: not logged)
         watch = None
-        metrics.requests_in_flight += 1
+        in_flight = False
         try:
             try:
                 raw = state.pop("body", None)  # read by BodyLimitsMiddleware
@@ -98,6 +99,12 @@ class ProxyEndpoint:
                 model_label = model if model in self.models else "unknown"
                 if record is not None:
                     record["model"] = model_label
+                prompts = batch_prompts(body["prompt"]) if self.kind == "completion" else None
+                if prompts is not None:  # each prompt a request of its own, through this endpoint
+                    await Batch(self, scope, body, prompts).run(receive, send)
+                    return
+                metrics.requests_in_flight += 1
+                in_flight = True
                 watch = ClientWatch(receive)  # the one watcher for the rest of the request
                 started = await watch.run(self._start(scope, body, len(raw), tenant))
             except ApiError as error:
@@ -123,7 +130,8 @@ class ProxyEndpoint:
             session, held = started
             await self._respond(session, held, tenant, watch, scope, receive, send)
         finally:
-            metrics.requests_in_flight -= 1
+            if in_flight:
+                metrics.requests_in_flight -= 1
             if watch is not None:
                 watch.stop()
 

@@ -61,8 +61,6 @@ def parse_body(raw: bytes, kind: str, *, yielding: bool = False,
         prompt = body.get("prompt")
         if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt)):
             raise ApiError(400, "prompt must be a string or a non-empty list", param="prompt")
-        if len(prompt) > 1 and isinstance(prompt, list) and isinstance(prompt[0], (str, list)):
-            raise ApiError(400, "only one prompt per request is supported", param="prompt")
     return body
 
 

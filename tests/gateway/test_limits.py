@@ -104,9 +104,11 @@ def test_invalid_requests_get_400_with_a_clear_message(fleet, body, message):
         ([-1, 5], "prompt token ids must be integers in [0, 2**32)"),
         ([2**40], "prompt token ids must be integers in [0, 2**32)"),
         ([1, "two"], "cannot tokenize the request"),
-        (["one", "two"], "only one prompt per request is supported"),
+        (["one"] * 129, "a batch holds at most 128 prompts, got 129"),
+        (["one", 2], "prompt[1] must be a string or a list of token ids"),
+        (["one", ""], "prompt 1: "),
     ],
-    ids=["negative-id", "id-over-u32", "mixed-list", "batch-of-two"],
+    ids=["negative-id", "id-over-u32", "mixed-list", "batch-over-bound", "batch-element", "batch-empty-prompt"],
 )
 def test_invalid_completion_prompts_get_400(fleet, prompt, message):
     response = httpx.post(f"{fleet['gateway'].url}/v1/completions", headers=AUTH, timeout=30,

@@ -222,3 +222,14 @@ def test_an_unknown_exporter_stops_the_gateway_with_a_message(tmp_path):
                           text=True, timeout=60)
     assert done.returncode == 2
     assert "OTEL_TRACES_EXPORTER='zipkin'" in done.stderr
+
+
+def test_a_batch_of_prompts_has_one_line_listing_each_prompts_fields(untraced):
+    gateway, _ = untraced
+    response = complete(gateway.url, {"x-request-id": "batch-1"}, prompt=[[5, 6], [7, 8, 9]])
+    assert response.status_code == 200
+    line = line_for(gateway, "batch-1")
+    assert line["status"] == 200 and len(line["prompts"]) == 2
+    assert [p["prompt_token_ids"] for p in line["prompts"]] == [[5, 6], [7, 8, 9]]
+    assert all(p["worker"] == "w0" and p["outcome"] == "answered" for p in line["prompts"])
+    assert not [other for other in request_lines(gateway.output()) if other["request_id"].startswith("batch-1-")]
