@@ -81,13 +81,14 @@ class TenantLimits:
         self._in_flight: dict[str, int] = {}
         self._pending: set[asyncio.Task] = set()
 
-    async def acquire(self, tenant: TenantPolicy, tokens: float) -> TenantGrant | OverLimit:
-        """Take one request and `tokens` (prompt estimate + completion reserved) from the limits."""
-        if tenant.max_concurrency is not None:
-            allowed = max(1, math.ceil(tenant.max_concurrency / self._replicas))
-            if self._in_flight.get(tenant.name, 0) >= allowed:
-                return OverLimit("max_concurrency", 1.0)
-        requests, token_spec = tenant.request_bucket, tenant.token_bucket
+    async def acquire(self, tenant: TenantPolicy, tokens: float, counts_request: bool = True) -> TenantGrant | OverLimit:
+        """Take one request in flight and `tokens` (prompt estimate + completion reserved) from the limits,
+        and one request from requests_per_s unless counts_request is False (a batch's prompts after its
+        first: a batch counts once there, as OpenAI's rate limits count it)."""
+        allowed = self.allowed_in_flight(tenant)
+        if allowed is not None and self._in_flight.get(tenant.name, 0) >= allowed:
+            return OverLimit("max_concurrency", 1.0)
+        requests, token_spec = tenant.request_bucket if counts_request else None, tenant.token_bucket
         if requests is not None:
             wait_s = await self._buckets.take(_key(tenant, "requests"), requests, 1)
             if wait_s > 0:
@@ -100,6 +101,12 @@ class TenantLimits:
                 return OverLimit("tokens_per_min", wait_s)
         self._in_flight[tenant.name] = self._in_flight.get(tenant.name, 0) + 1
         return TenantGrant(tenant, tokens if token_spec is not None else 0.0)
+
+    def allowed_in_flight(self, tenant: TenantPolicy) -> int | None:
+        """The tenant's requests this replica lets run at once (None: no limit)."""
+        if tenant.max_concurrency is None:
+            return None
+        return max(1, math.ceil(tenant.max_concurrency / self._replicas))
 
     def recount(self, grant: TenantGrant, tokens: float) -> None:
         """The request's tokens are now known better (routing counted the prompt): the difference

@@ -67,6 +67,7 @@ class AdmissionRequest:
     workflow_step: int | None = None
     prompt_tokens_estimate: int = 0
     max_tokens: int | None = None
+    counts_request: bool = True  # False: a batch's prompt after its first (requests_per_s counts a batch once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +140,10 @@ class Admission:
             policy = self.tenants[name] = TenantPolicy(name)
         return policy
 
+    def allowed_in_flight(self, tenant: str) -> int | None:
+        """The tenant's requests this gateway lets run at once (None: no limit)."""
+        return self.limits.allowed_in_flight(self.tenant(tenant))
+
     def priority_for(self, tenant: str, requested: Priority | None) -> Priority:
         return admitted_priority(self.tenant(tenant).priority, requested)
 
@@ -146,7 +151,7 @@ class Admission:
         """A permit, after waiting in the pool's queue if need be; ApiError (429/503) when refused."""
         tenant = self.tenant(request.tenant)
         completion = request.max_tokens or self.completion_reserve[request.pool]
-        verdict = await self.limits.acquire(tenant, request.prompt_tokens_estimate + completion)
+        verdict = await self.limits.acquire(tenant, request.prompt_tokens_estimate + completion, request.counts_request)
         if isinstance(verdict, OverLimit):
             raise self._refused(request, verdict.reason, verdict.retry_after_s, status=429)
         grant, pool, now = verdict, self.pools[request.pool], self.clock()

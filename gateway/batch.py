@@ -25,6 +25,10 @@ from kvgate.api_error import ApiError
 from kvgate.json_body import dump_json
 
 MAX_BATCH_PROMPTS = 128  # prompts in one completions request; each is a request of its own here
+# a batch's prompts in flight at once (fewer where the tenant's max_concurrency is lower): the rest wait
+# their turn in the batch, not in the pool's queue, whose waits are bounded (a batch larger than what the
+# pool takes at once still completes) and which other tenants' requests share
+MAX_BATCH_IN_FLIGHT = 16
 _ERROR_HEADERS = (b"content-type", b"retry-after")  # a failed part's, passed on with its answer
 
 
@@ -64,7 +68,8 @@ class Batch:
     """One batched request across its prompts' requests. run() answers the client, once."""
 
     def __init__(self, endpoint: Callable[[Scope, Receive, Send], Awaitable[None]], scope: Scope, body: dict[str, Any],
-                 prompts: list[Any]) -> None:
+                 prompts: list[Any], tenant_in_flight: int | None = None) -> None:
+        """tenant_in_flight: the tenant's requests allowed at once, if limited (the batch keeps under it)."""
         self.endpoint = endpoint
         self.scope = scope
         self.body = body
@@ -76,6 +81,7 @@ class Batch:
         self.parts = [_Part(index, self.record is not None) for index in range(len(prompts))]
         self.events: asyncio.Queue[tuple[_Part, Message]] = asyncio.Queue()
         self.abort = asyncio.Event()  # set: every part's client is gone (the batch's left, or failed)
+        self.slots = asyncio.Semaphore(min(MAX_BATCH_IN_FLIGHT, tenant_in_flight or MAX_BATCH_IN_FLIGHT))
         self.usage: dict[str, int] = {}
         self.cached_tokens = 0
         self.envelope: dict[str, Any] | None = None  # the batch's id, object, created and model: the first chunk's
@@ -107,7 +113,7 @@ class Batch:
         if self.stream:  # each part's usage, to sum: the client gets the sum if it asked for usage
             body["stream_options"] = {**(self.body.get("stream_options") or {}), "include_usage": True}
         state = self.scope.get("state", {})
-        scope = {**self.scope, "state": {"tenant": state.get("tenant", "anonymous"),
+        scope = {**self.scope, "state": {"tenant": state.get("tenant", "anonymous"), "batch_part": part.index,
                                          "request_id": f"{state.get('request_id', '')}-{part.index}",
                                          "trace_headers": state.get("trace_headers", {}),
                                          "body": dump_json(body)}}
@@ -126,7 +132,9 @@ class Batch:
             self.events.put_nowait((part, message))
 
         try:
-            await self.endpoint(scope, receive, send)
+            async with self.slots:
+                if not self.abort.is_set():  # else the batch has ended: this prompt is not sent
+                    await self.endpoint(scope, receive, send)
         finally:
             if not answered:  # ended without a whole answer (a bug the endpoint did not catch)
                 self.events.put_nowait((part, {"type": "http.response.body", "body": b"", "more_body": False}))

@@ -101,7 +101,7 @@ class ProxyEndpoint:
                     record["model"] = model_label
                 prompts = batch_prompts(body["prompt"]) if self.kind == "completion" else None
                 if prompts is not None:  # each prompt a request of its own, through this endpoint
-                    await Batch(self, scope, body, prompts).run(receive, send)
+                    await Batch(self, scope, body, prompts, self.admission.allowed_in_flight(tenant)).run(receive, send)
                     return
                 metrics.requests_in_flight += 1
                 in_flight = True
@@ -181,7 +181,8 @@ class ProxyEndpoint:
             permit = await self.admission.admit(AdmissionRequest(
                 tenant, pool, priority, deadline_ms=_deadline_ms(request_headers.get("x-request-deadline-ms")),
                 workflow_step=_workflow_step(request_headers.get("x-workflow-step")),
-                prompt_tokens_estimate=estimate_prompt_tokens(body), max_tokens=_max_tokens(body)))
+                prompt_tokens_estimate=estimate_prompt_tokens(body), max_tokens=_max_tokens(body),
+                counts_request=not state.get("batch_part")))
         if record is not None:
             record["admission_s"] = round(time.perf_counter() - waited, 6)
         session = None

@@ -35,6 +35,25 @@ def test_requests_per_s_grants_its_burst_then_refuses_with_the_wait_for_the_next
     run(scenario)
 
 
+def test_a_request_that_does_not_count_takes_tokens_and_a_place_in_flight_but_no_request(clock):
+    """A batch's prompts after its first: requests_per_s counts the batch once; tokens_per_min and
+    max_concurrency count every prompt."""
+    tenant = TenantPolicy("acme", requests_per_s=1, tokens_per_min=600, tokens_burst=250, max_concurrency=3)
+    limits = TenantLimits(LocalBuckets(clock))
+
+    async def scenario():
+        granted(await limits.acquire(tenant, 100))
+        granted(await limits.acquire(tenant, 100, counts_request=False))
+        assert await limits.acquire(tenant, 100, counts_request=False) == OverLimit("tokens_per_min",
+                                                                                    pytest.approx(5.0))
+        clock.advance(5.0)
+        granted(await limits.acquire(tenant, 10, counts_request=False))
+        assert (await limits.acquire(tenant, 10, counts_request=False)).reason == "max_concurrency"
+        assert limits.allowed_in_flight(tenant) == 3
+
+    run(scenario)
+
+
 def test_requests_burst_lets_a_burst_through_above_the_rate(clock):
     tenant = TenantPolicy("acme", requests_per_s=1, requests_burst=5)
     limits = TenantLimits(LocalBuckets(clock))

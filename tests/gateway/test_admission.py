@@ -17,8 +17,9 @@ from tests.processes import fake_worker_process, running
 
 pytestmark = pytest.mark.slow  # gateway and worker processes
 
-KEYS = {"gold": "key-gold", "plain": "key-plain", "flood": "key-flood"}
-TENANTS = {"gold": {"priority": "critical"}, "plain": {}, "flood": {"requests_per_s": 2, "requests_burst": 2}}
+KEYS = {"gold": "key-gold", "plain": "key-plain", "flood": "key-flood", "batcher": "key-batcher"}
+TENANTS = {"gold": {"priority": "critical"}, "plain": {}, "flood": {"requests_per_s": 2, "requests_burst": 2},
+           "batcher": {"requests_per_s": 0.2, "requests_burst": 1, "max_concurrency": 2}}
 
 
 def admission_config(worker_url: str, **pool_admission) -> dict:
@@ -76,6 +77,22 @@ def test_the_openai_sdk_sees_a_rate_limit_error(tmp_path):
         with pytest.raises(openai.RateLimitError) as info:
             client.completions.create(model=MODEL, prompt="p", max_tokens=1)
         assert info.value.code == "requests_per_s"
+
+
+def test_a_batch_counts_once_against_requests_per_s_and_keeps_its_prompts_under_max_concurrency(tmp_path):
+    """A batch of 5 prompts from a tenant allowed one request in 5 s and 2 in flight: answered whole (its
+    prompts 2 at a time, each held a while by the worker); the tenant's next request is over its rate."""
+    with ExitStack() as stack:
+        worker = stack.enter_context(running(fake_worker_process("hold")))
+        gateway = start_gateway(stack, admission_config(worker.url), tmp_path)
+        batch = post(gateway.url, "batcher", prompt=[f"q{i}" for i in range(5)])
+        assert batch.status_code == 200, batch.text
+        assert [c["index"] for c in batch.json()["choices"]] == [0, 1, 2, 3, 4]
+        assert batch.json()["usage"]["prompt_tokens"] == 15
+        assert sorted(r["body"]["prompt"] for r in worker_requests(worker.url)) == [f"q{i}" for i in range(5)]
+        assert metric_value(gateway.url, "kvgate_rejected_total", tenant="batcher") == 0
+        refused = post(gateway.url, "batcher")
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "requests_per_s"
 
 
 def test_an_overloaded_pool_queues_then_refuses_fast_without_touching_a_worker(tmp_path):
