@@ -100,3 +100,21 @@ def test_a_client_that_leaves_a_streamed_batch_ends_every_prompt(fleet):
     assert metric_value(fleet["gateway"].url, "kvgate_requests_in_flight") == 0
     assert _requests_total(fleet) - before == 3
     assert metric_value(fleet["gateway"].url, "kvgate_requests_total", status="499") >= 3
+
+
+def test_a_client_that_leaves_a_collected_batch_ends_every_prompt_as_gone(fleet):
+    before, errors_before = _requests_total(fleet), _server_errors(fleet)
+    body = {"model": MODEL, "prompt": PROMPTS, "max_tokens": 480, "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{fleet['gateway'].url}/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.5),
+                   headers={"Authorization": f"Bearer {API_KEY}"})
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _requests_total(fleet) - before < 3:
+        time.sleep(0.1)
+    assert _requests_total(fleet) - before == 3
+    assert metric_value(fleet["gateway"].url, "kvgate_requests_in_flight") == 0
+    assert _server_errors(fleet) == errors_before
+
+
+def _server_errors(fleet) -> float:
+    return metric_value(fleet["gateway"].url, "kvgate_requests_total", status="500")
