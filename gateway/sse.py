@@ -73,13 +73,13 @@ class SseParser:
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
         if not self._pending and chunk.endswith(b"\n\n") and chunk.find(b"\n\n") == len(chunk) - 2 \
-                and b"\r" not in chunk:
-            event = _parse(chunk)  # the usual read of a live stream: one whole event, LF-terminated
+                and chunk.find(b"\r") < 0:
+            event = _parse(chunk, False)  # the usual read of a live stream: one whole event, LF-terminated
             return [event] if event is not None else []
         if self._pending:
             searched = len(self._pending)
             self._pending += chunk
-            self._pending_has_cr = self._pending_has_cr or b"\r" in chunk
+            self._pending_has_cr = self._pending_has_cr or chunk.find(b"\r") >= 0
             if not self._has_event_end(searched):
                 self._check_size()
                 return []
@@ -89,16 +89,16 @@ class SseParser:
             buffer = chunk
         events = []
         start = 0
-        has_cr = b"\r" in buffer
+        has_cr = buffer.find(b"\r") >= 0  # find, not `in`: bytes' `in` raises and clears an error each time
         ends = _lf_event_ends if not has_cr else _event_ends  # the usual LF-only stream: no regex
         for end in ends(buffer):
-            event = _parse(buffer[start:end])
+            event = _parse(buffer[start:end], has_cr)
             if event is not None:
                 events.append(event)
             start = end
         if start < len(buffer):
             self._pending += buffer[start:] if start else buffer
-            self._pending_has_cr = has_cr and b"\r" in self._pending
+            self._pending_has_cr = has_cr and self._pending.find(b"\r") >= 0
             self._check_size()
         return events
 
@@ -133,11 +133,12 @@ def _event_ends(buffer: bytes) -> Iterator[int]:
     return (match.end() for match in _EVENT_END.finditer(buffer))
 
 
-def _parse(raw: bytes) -> SseEvent | None:
-    if raw.startswith(b"data: ") and raw.find(b"\n", 6) == len(raw) - 2 and b"\r" not in raw:
+def _parse(raw: bytes, may_have_cr: bool) -> SseEvent | None:
+    """raw: one whole event; may_have_cr False when it has no CR (its lines end in LF alone)."""
+    if not may_have_cr and raw.startswith(b"data: ") and raw.find(b"\n", 6) == len(raw) - 2:
         value = raw[6:-2]  # the usual event: one data line
     else:
-        lines = raw.split(b"\n") if b"\r" not in raw else _LINE_END.split(raw)
+        lines = _LINE_END.split(raw) if may_have_cr else raw.split(b"\n")
         data_lines = [value for value in map(_data_value, lines) if value is not None]
         if not data_lines:
             return None  # comments, keep-alives, fields without data
