@@ -34,6 +34,9 @@ MAX_GET_BYTES = 8 * 1024 * 1024  # a GET's whole body (a worker's /metrics page:
 Origin = tuple[str, str, int]  # scheme, host, port
 
 
+TIMER_SLACK_S = 0.001  # a timer may fire this early (the loop's clock runs in milliseconds): it times out then
+
+
 class _Connection(asyncio.Protocol):
     """One TCP connection; at most one request in flight; its response is read with next_chunk()."""
 
@@ -41,6 +44,8 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since_s = 0.0
+        self._timer: asyncio.TimerHandle | None = None  # bounds the wait in progress (_arm)
+        self._deadline: float | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._reset()
 
@@ -76,6 +81,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self.complete:
             return
         if exc is None and self.headers_done and self._ends_at_close():
@@ -123,19 +131,42 @@ class _Connection(asyncio.Protocol):
             self._error = error
         self._wake()
 
-    def _arm(self, timeout_s: float | None) -> tuple[asyncio.Future, asyncio.TimerHandle | None]:
-        """A future the parser or the connection resolves when it has news, failed with TimeoutError
-        after timeout_s by a timer on the loop (asyncio.timeout would cancel and uncancel the task, at
-        several times the cost, on every read of a stream). Await it, then _disarm(timer) in a finally:
-        the callers do so inline, a coroutine frame fewer for every token of a stream."""
+    def _arm(self, timeout_s: float | None) -> asyncio.Future:
+        """A future the parser or the connection resolves when it has news, failed with TimeoutError once
+        timeout_s passes without any (None: no bound). Await it, then _disarm() in a finally: the callers
+        do so inline, a coroutine frame fewer for every token of a stream.
+
+        The bound is kept by one timer a connection, set once and moved only when it fires before the
+        current wait's deadline: each read of a stream sets a later deadline without a timer of its own (a
+        timer set and cancelled for every token cost ~2 us; asyncio.timeout, cancelling and uncancelling
+        the task, several times that)."""
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
-        return waiter, None if timeout_s is None else loop.call_later(timeout_s, _time_out, waiter)
+        if timeout_s is None:
+            self._deadline = None
+            return waiter
+        self._deadline = deadline = loop.time() + timeout_s
+        timer = self._timer
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
+            self._timer = loop.call_at(deadline, self._deadline_reached)
+        return waiter
 
-    def _disarm(self, timer: asyncio.TimerHandle | None) -> None:
+    def _disarm(self) -> None:
         self._waiter = None
-        if timer is not None:
-            timer.cancel()
+
+    def _deadline_reached(self) -> None:
+        """The timer: the wait in progress times out if its deadline has passed; else the timer moves to it."""
+        self._timer = None
+        waiter, deadline = self._waiter, self._deadline
+        if waiter is None or waiter.done() or deadline is None:
+            return  # no wait in progress: the next one sets the timer again
+        loop = asyncio.get_running_loop()
+        if loop.time() >= deadline - TIMER_SLACK_S:
+            waiter.set_exception(TimeoutError())
+        else:
+            self._timer = loop.call_at(deadline, self._deadline_reached)
 
     async def wait_headers(self, deadline: float | None = None) -> None:
         """Until the response headers are in; TimeoutError once the loop's clock passes deadline."""
@@ -145,11 +176,11 @@ class _Connection(asyncio.Protocol):
             remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()
             if remaining is not None and remaining <= 0:
                 raise TimeoutError()
-            waiter, timer = self._arm(remaining)
+            waiter = self._arm(remaining)
             try:
                 await waiter
             finally:
-                self._disarm(timer)
+                self._disarm()
 
     async def next_chunk(self, timeout_s: float | None = None) -> bytes | None:
         """The body bytes received since the last call (all of them, as one piece: a read of several
@@ -169,11 +200,11 @@ class _Connection(asyncio.Protocol):
                 return None
             if self._error is not None:
                 raise self._error
-            waiter, timer = self._arm(timeout_s)
+            waiter = self._arm(timeout_s)
             try:
                 await waiter
             finally:
-                self._disarm(timer)
+                self._disarm()
 
     def reusable(self) -> bool:
         return self.complete and not self.closed and self.keep_alive
@@ -185,11 +216,6 @@ class _Connection(asyncio.Protocol):
 
 async def _no_more_chunks() -> None:
     return None
-
-
-def _time_out(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
 
 
 class UpstreamResponse:

@@ -23,6 +23,7 @@ ANSWER = b'data: {"choices":[{"index":0,"text":"hi"}]}\n\ndata: [DONE]\n\n'
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n"
 BODY = b'{"model":"tiny","prompt":"hi","stream":true}'
 
+TRICKLE_PIECES = 6
 Plan = Callable[[int, int], str]  # (connection number, request number on it) -> what the worker does
 
 
@@ -105,6 +106,15 @@ class RawWorker:
         elif action == "close_delimited":  # HTTP/1.0 style: no length, the close ends the body
             writer.write(b"HTTP/1.0 200 OK\r\ncontent-type: text/event-stream\r\n\r\n" + ANSWER)
             await writer.drain()
+        elif action.startswith("trickle:"):  # TRICKLE_PIECES pieces of the body, a piece every `gap` seconds
+            gap_s = float(action.split(":")[1])
+            piece = b'data: {"choices":[{"index":0,"text":"x"}]}\n\n'
+            writer.write(HEAD % (len(piece) * TRICKLE_PIECES))
+            for _ in range(TRICKLE_PIECES):
+                await asyncio.sleep(gap_s)
+                writer.write(piece)
+                await writer.drain()
+            await reader.read()
 
 
 @contextlib.asynccontextmanager
@@ -318,5 +328,25 @@ def test_a_body_ended_by_the_workers_close_is_read_whole_by_a_get_and_a_stream()
             assert await client.get(worker.url, timeout_s=2.0) == (200, ANSWER)
             assert await answered(client, worker) == ANSWER
         assert worker.num_connections == 2  # neither was kept
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("gap_s", "times_out"), [(0.1, False), (0.6, True)], ids=["each-wait-in-time", "a-wait-too-long"])
+def test_the_read_timeout_bounds_each_wait_not_the_whole_body(gap_s, times_out):
+    """next_chunk(timeout_s) bounds each wait for data: a body whose pieces come 0.1 s apart is read whole
+    under a 0.3 s bound though it takes 0.6 s in all; pieces 0.6 s apart time out, in about 0.3 s."""
+    async def scenario():
+        async with raw_worker(lambda conn_index, request_index: f"trickle:{gap_s}") as worker:
+            response = await post(worker.client(), worker)
+            pieces, started = 0, time.monotonic()
+            try:
+                while await response.next_chunk(timeout_s=0.3) is not None:
+                    pieces += 1
+            except TimeoutError:
+                assert times_out and pieces == 0 and 0.25 < time.monotonic() - started < 0.55
+            else:
+                assert not times_out and pieces == TRICKLE_PIECES
+            await response.aclose()
 
     asyncio.run(scenario())
