@@ -9,8 +9,8 @@ leaves in that time is still noticed, WATCH_AFTER_S late at most."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import TypeVar
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar
 
 from starlette.types import Receive
 
@@ -42,15 +42,20 @@ class ClientWatch:
         else:
             self._start(receive)
 
-    async def run(self, work: Awaitable[T]) -> T | None:
+    async def run(self, work: Coroutine[Any, Any, T] | Awaitable[T], own_task: bool = False) -> T | None:
         """work's result; None if the client is gone before it ends (work, a coroutine, is then
-        closed unstarted if the client was gone already)."""
+        closed unstarted if the client was gone already).
+
+        own_task: run work (a coroutine) as a task of its own, awaited here, for work that waits many
+        times (a stream, token by token): each of its wake-ups then resumes its own frames only, not the
+        request's whole chain of frames awaiting it (the server's, each middleware's, the endpoint's:
+        ~15 frames a token). Cancelling the request's task cancels it too."""
         if self.gone:
             getattr(work, "close", _nothing)()
             return None
         self._armed = True
         try:
-            return await work
+            return await (asyncio.get_running_loop().create_task(work) if own_task else work)
         except asyncio.CancelledError:
             if not self.gone:
                 raise

@@ -289,7 +289,7 @@ class ProxyEndpoint:
         try:  # the answer goes out first: the client does not wait for the request's accounting
             if session.req.client_stream:
                 await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + headers})
-                await watch.run(session.stream(held, _body_writer(send)))
+                await watch.run(session.stream(held, _body_writer(send)), own_task=True)
                 return
             try:
                 result = await watch.run(session.collect(held))
