@@ -6,6 +6,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from tests.conftest import free_port_pair
@@ -77,3 +78,17 @@ def fleet(gateway_model_dir, tmp_path_factory):
                    for i, (w, p) in enumerate(zip(workers, kv_ports))]
         gateway = start_gateway(stack, gateway_config(entries, gateway_model_dir), tmp)
         yield {"gateway": gateway, "workers": workers}
+
+
+@pytest.fixture
+def client(fleet):
+    """The openai SDK, pointed at the fleet's gateway."""
+    with openai.OpenAI(base_url=f"{fleet['gateway'].url}/v1", api_key=API_KEY, max_retries=0) as c:
+        yield c
+
+
+@pytest.fixture
+def direct(fleet):
+    """The openai SDK, pointed at the fleet's first worker (no gateway)."""
+    with openai.OpenAI(base_url=f"{fleet['workers'][0].url}/v1", api_key="unused", max_retries=0) as c:
+        yield c

@@ -17,18 +17,6 @@ GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 PROMPTS = ["The quick brown fox", "Paged attention stores keys", "A gateway routes each request"]
 
 
-@pytest.fixture
-def client(fleet):
-    with openai.OpenAI(base_url=f"{fleet['gateway'].url}/v1", api_key=API_KEY, max_retries=0) as c:
-        yield c
-
-
-@pytest.fixture
-def direct(fleet):
-    with openai.OpenAI(base_url=f"{fleet['workers'][0].url}/v1", api_key="unused", max_retries=0) as c:
-        yield c
-
-
 def _requests_total(fleet) -> float:
     return metric_value(fleet["gateway"].url, "kvgate_requests_total")
 

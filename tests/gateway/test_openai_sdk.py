@@ -17,18 +17,6 @@ pytestmark = pytest.mark.slow  # every test runs against the process fleet
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 
 
-@pytest.fixture
-def client(fleet):
-    with openai.OpenAI(base_url=f"{fleet['gateway'].url}/v1", api_key=API_KEY, max_retries=0) as c:
-        yield c
-
-
-@pytest.fixture
-def direct(fleet):
-    with openai.OpenAI(base_url=f"{fleet['workers'][0].url}/v1", api_key="unused", max_retries=0) as c:
-        yield c
-
-
 def test_models_lists_the_pools_models(client):
     assert [m.id for m in client.models.list().data] == [MODEL]
 
