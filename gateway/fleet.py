@@ -15,7 +15,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -271,31 +271,41 @@ class Fleet:
                 for w in self.workers.values() if w.subscriber is not None}
 
 
+def _sample_lines(text: str, name: str) -> Iterator[str]:
+    """The lines of a metrics page that are samples of the family `name` (the name at a line's start, then
+    its labels or a space: not a longer name that starts with it, nor a comment that mentions it)."""
+    start, size = 0, len(name)
+    while (found := text.find(name, start)) >= 0:
+        end = text.find("\n", found)
+        end = len(text) if end < 0 else end
+        if (found == 0 or text[found - 1] == "\n") and text[found + size:found + size + 1] in ("{", " ", "\t"):
+            yield text[found:end]
+        start = end
+
+
 def parse_vllm_load(text: str) -> dict:
     """waiting/running requests and KV usage from a vLLM-style /metrics page (summed over engines),
     and the KV cache's num_blocks and block_size (vllm:cache_config_info's num_gpu_blocks and
     block_size) where they are given, alike for every engine on the page.
 
-    Reads only the sample lines of those four families: vLLM's page is ~600 lines of histograms,
-    which a full exposition parser takes ~8 ms of the event loop to read (each worker, each scrape).
+    Reads only the sample lines of those four families, found by searching the page for their names:
+    vLLM's page is ~600 lines of histograms, which a full exposition parser takes ~8 ms of the event
+    loop to read (each worker, each scrape), and splitting it into lines to look at each 140 us (this: 85).
     ValueError for a value that is not a number."""
     totals: dict[str, float] = {}
     config_labels: dict[str, set[str]] = {"num_blocks": set(), "block_size": set()}
-    for line in text.splitlines():
-        if not line.startswith(_SCRAPED_PREFIXES):
-            continue
-        brace = line.find("{")
-        name_end = brace if brace >= 0 else line.find(" ")
-        name = line[:name_end]
-        if name == _CACHE_CONFIG:
-            labels = dict(_LABEL.findall(line[brace:line.rfind("}")])) if brace >= 0 else {}
-            for label, key in (("num_gpu_blocks", "num_blocks"), ("block_size", "block_size")):
-                config_labels[key].add(labels.get(label, ""))
-        elif name in _SCRAPED:
-            rest = line[line.rfind("}") + 1:] if brace >= 0 else line[name_end:]
-            value = float(rest.split()[0])
-            if math.isfinite(value):  # NaN or Inf: no reading
-                totals[name] = totals.get(name, 0.0) + value
+    for name in _SCRAPED_PREFIXES:
+        for line in _sample_lines(text, name):
+            brace = line.find("{")
+            if name == _CACHE_CONFIG:
+                labels = dict(_LABEL.findall(line[brace:line.rfind("}")])) if brace >= 0 else {}
+                for label, key in (("num_gpu_blocks", "num_blocks"), ("block_size", "block_size")):
+                    config_labels[key].add(labels.get(label, ""))
+            else:
+                rest = line[line.rfind("}") + 1:] if brace >= 0 else line[len(name):]
+                value = float(rest.split()[0])
+                if math.isfinite(value):  # NaN or Inf: no reading
+                    totals[name] = totals.get(name, 0.0) + value
     values: dict = {}
     for name, key in _SCRAPED.items():
         if name in totals:
