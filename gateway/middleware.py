@@ -132,7 +132,8 @@ class HeaderLimitsMiddleware:
 
 
 class BodyLimitsMiddleware:
-    """Body size limit (413), checked before any parsing (after auth: only a known client's body is read).
+    """Body size limit (413), checked before any parsing (after auth: only a known client's body is read);
+    a compressed body (Content-Encoding other than identity) is refused (415), not misread as bad JSON.
 
     A POST, PUT or PATCH body is read here, up to the limit (an oversized chunked body is refused
     as soon as it crosses it), and handed on in scope['state']['body']: the app inside reads it
@@ -152,6 +153,10 @@ class BodyLimitsMiddleware:
             for name, value in scope["headers"]:
                 if name == b"content-length" and value.isdigit() and int(value) > limit:
                     raise body_too_large(limit)
+                if name == b"content-encoding" and value.strip().lower() != b"identity":
+                    raise ApiError(415, f"request bodies with Content-Encoding {value.decode('latin-1')[:50]!r} "
+                                        "are not supported: send the body uncompressed",
+                                   code="unsupported_content_encoding")
             body = await read_body(receive, limit)
         except ApiError as error:
             await error.response()(scope, receive, send)

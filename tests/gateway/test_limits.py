@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from types import SimpleNamespace
 
 import httpx
@@ -12,7 +13,7 @@ from starlette.testclient import TestClient
 from gateway.app import build_middleware
 from gateway.auth import KeyStore
 from gateway.telemetry import Telemetry
-from kvgate.config import AuthConfig, LimitsConfig
+from kvgate.config import AuthConfig, LimitsConfig, ServerConfig
 from tests.gateway.conftest import API_KEY, MODEL
 
 pytestmark = pytest.mark.slow  # every test runs against the process fleet
@@ -30,6 +31,15 @@ def test_oversized_body_gets_413(fleet):
                     + b"x" * (5 * 1024 * 1024) + b'"}]}')
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_compressed_body_gets_415_not_a_json_error(fleet):
+    body = b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
+    response = post(fleet["gateway"].url, gzip.compress(body), {"content-encoding": "gzip"})
+    assert response.status_code == 415
+    assert response.json()["error"]["code"] == "unsupported_content_encoding"
+    assert "'gzip'" in response.json()["error"]["message"]
+    assert post(fleet["gateway"].url, body, {"content-encoding": "identity"}).status_code == 200
 
 
 def test_too_many_headers_get_431(fleet):
@@ -55,7 +65,8 @@ def test_oversized_headers_get_431_before_auth_or_trace_context_run(fleet, heade
 @OVERSIZED_HEADERS
 def test_the_middleware_order_refuses_oversized_headers_first(headers):
     """build_middleware's order in process: header limits before request context and auth."""
-    core = SimpleNamespace(metrics=None, config=SimpleNamespace(limits=LimitsConfig()), telemetry=Telemetry())
+    core = SimpleNamespace(metrics=None, config=SimpleNamespace(limits=LimitsConfig(), gateway=ServerConfig()),
+                           telemetry=Telemetry())
     keys = KeyStore(AuthConfig(dev_key_env=None), {})
     app = Starlette(middleware=build_middleware(core, keys, {}))
     with TestClient(app) as client:
