@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.auth import AuthMiddleware, KeyStore
 from gateway.core import GatewayCore
+from gateway.cors import CorsMiddleware
 from gateway.handlers import ServiceEndpoints
 from gateway.middleware import BodyLimitsMiddleware, HeaderLimitsMiddleware, RequestContextMiddleware
 from gateway.proxy import KINDS, ProxyEndpoint
@@ -23,12 +24,15 @@ from kvgate.api_error import ApiError
 
 def build_middleware(core: GatewayCore, keys: KeyStore, completions: dict[str, ProxyEndpoint]) -> list[Middleware]:
     """Outermost first, each refusing before the next does any work: header limits (before anything
-    reads a header), request id + trace context + the request's log line, auth (HTTP and WebSocket alike), body limits (only a
-    known client's body is read); then the completion endpoints (every other path goes on to
-    Starlette's router). Admission is the completion endpoint's first step, once the
+    reads a header), browsers' cross-origin preflights (only with gateway.cors_allowed_origins set: they
+    carry no key), request id + trace context + the request's log line, auth (HTTP and WebSocket alike),
+    body limits (only a known client's body is read); then the completion endpoints (every other path goes
+    on to Starlette's router). Admission is the completion endpoint's first step, once the
     body says which pool a request is for (gateway/proxy.py: parse -> admit -> route -> proxy)."""
+    origins = core.config.gateway.cors_allowed_origins
     return [
         Middleware(HeaderLimitsMiddleware, limits=core.config.limits),
+        *([Middleware(CorsMiddleware, allowed_origins=origins)] if origins else []),
         Middleware(RequestContextMiddleware, telemetry=core.telemetry),
         Middleware(AuthMiddleware, keys=keys, metrics=core.metrics, tracer=core.telemetry.tracer),
         Middleware(BodyLimitsMiddleware, limits=core.config.limits),

@@ -78,7 +78,7 @@ def gateway_process(config: dict, tmp_dir: Path, api_key: str = "test-key", env:
     import os
 
     port = free_port()
-    config = {**config, "gateway": {"host": "127.0.0.1", "port": port}}
+    config = {**config, "gateway": {**config.get("gateway", {}), "host": "127.0.0.1", "port": port}}
     path = tmp_dir / f"gateway-{port}.yaml"
     path.write_text(yaml.safe_dump(config))
     env = {**os.environ, "KVGATE_API_KEY": api_key, **(env or {})}

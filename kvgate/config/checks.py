@@ -26,6 +26,16 @@ def check_http_url(url: str) -> None:
         raise ConfigError("url", "not an http(s) URL")
 
 
+def check_origin(origin: str, key: str) -> None:
+    """A web origin as a browser sends it in Origin (scheme://host[:port], nothing after), or "*"."""
+    if origin == "*":
+        return
+    parsed = urlparse(origin)
+    if (not parsed.scheme or not parsed.hostname or parsed.path or parsed.query or parsed.fragment
+            or parsed.username is not None or has_bad_port(parsed)):
+        raise ConfigError(key, f"{origin!r} is not an origin like https://app.example.com[:port], or \"*\"")
+
+
 def check_zmq_endpoint(endpoint: str, key: str) -> None:
     parsed = urlparse(endpoint)
     bad_tcp = parsed.scheme == "tcp" and (has_bad_port(parsed) or not parsed.port)

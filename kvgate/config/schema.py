@@ -11,20 +11,25 @@ from typing import Any, Literal
 from urllib.parse import urlparse
 
 from kvgate.config.admission import PoolAdmissionConfig, PricesConfig, TenantConfig
-from kvgate.config.checks import NAME, SHA256_HEX, check_http_url, check_positive, check_zmq_endpoint
+from kvgate.config.checks import (NAME, SHA256_HEX, check_http_url, check_origin, check_positive,
+                                  check_zmq_endpoint)
 from kvgate.config.loader import ConfigError
 from kvgate.kv_endpoints import REPLAY_PORT_OFFSET, replay_port
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    """Where the gateway listens."""
+    """Where the gateway listens, and which web pages' origins may call it from a browser
+    (cors_allowed_origins, e.g. https://app.example.com, or "*" for any; none: CORS off)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
+    cors_allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError("port", "must be in 0..65535")
+        for i, origin in enumerate(self.cors_allowed_origins):
+            check_origin(origin, f"cors_allowed_origins[{i}]")
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,6 +66,14 @@ BAD = [
     ("port-out-of-range",
      MINIMAL + "\ngateway: {port: 70000}",
      "gateway.port: must be in 0..65535"),
+    ("cors-origin-with-a-path",
+     MINIMAL + "\ngateway: {cors_allowed_origins: ['https://app.example.com', 'https://app.example.com/chat']}",
+     "gateway.cors_allowed_origins[1]: 'https://app.example.com/chat' is not an origin like "
+     "https://app.example.com[:port], or \"*\""),
+    ("cors-origin-without-a-scheme",
+     MINIMAL + "\ngateway: {cors_allowed_origins: ['app.example.com']}",
+     "gateway.cors_allowed_origins[0]: 'app.example.com' is not an origin like "
+     "https://app.example.com[:port], or \"*\""),
     ("missing-pools",
      "gateway: {port: 8000}",
      "pools: required"),
