@@ -62,7 +62,7 @@ def completion_endpoints(core: GatewayCore) -> dict[str, ProxyEndpoint]:
                                 prices=prices, tokenizers=core.tokenizers, models=core.models,
                                 debug_header_for=core.config.routing.debug_header_for, rng=core.rng,
                                 offload=core.offload, longest_prompt_tokens=core.longest_prompt_tokens,
-                                telemetry=core.telemetry)
+                                telemetry=core.telemetry, shutdown=core.shutdown)
             for path in KINDS}
 
 

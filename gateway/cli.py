@@ -25,8 +25,8 @@ def serve(config: KvgateConfig, tokenizer_dirs: Mapping[str, Path], host: str, p
     configure_logging("gateway")
     core = GatewayCore(config, tokenizer_dirs)
     prepare_process(core)
-    server = AnnouncingServer(server_config(build_app(core, freeze_gc=True), host, port),
-                              f"gateway listening on http://{host}:{port} (pools: {', '.join(config.pools)})")
+    server = GatewayServer(server_config(build_app(core, freeze_gc=True), host, port, config.gateway.shutdown_grace_s),
+                           core, f"gateway listening on http://{host}:{port} (pools: {', '.join(config.pools)})")
     return run_server(server)
 
 
@@ -46,15 +46,15 @@ def prepare_process(core: GatewayCore) -> None:
     signal.signal(signal.SIGHUP, lambda signum, frame: core.reload_policies())
 
 
-def server_config(app, host: str, port: int) -> uvicorn.Config:
+def server_config(app, host: str, port: int, shutdown_grace_s: float) -> uvicorn.Config:
     """uvicorn's settings for the gateway.
 
     Keep idle client connections longer than the usual load-balancer idle timeout (60 s), so a
     balancer never reuses a connection the gateway has just closed. No per-request access log (the
     metrics count requests) and no X-Forwarded-* rewriting (nothing reads the client address): both
-    cost CPU on every request.
+    cost CPU on every request. On SIGTERM, requests in flight get shutdown_grace_s to finish.
     """
-    return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5,
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=shutdown_grace_s,
                           loop="uvloop", http="httptools", backlog=4096, timeout_keep_alive=75, access_log=False,
                           proxy_headers=False)
 
@@ -68,17 +68,28 @@ def run_server(server: uvicorn.Server, sockets: list[socket.socket] | None = Non
     return 0 if server.started else STARTUP_FAILURE
 
 
-class AnnouncingServer(uvicorn.Server):
-    """Logs that the gateway listens once the socket is bound (not before: a taken port fails there)."""
+class GatewayServer(uvicorn.Server):
+    """Logs that the gateway listens once the socket is bound (not before: a taken port fails there); as
+    it stops, begins the gateway's shutdown (gateway/shutdown.py) and says what is still in flight."""
 
-    def __init__(self, config: uvicorn.Config, announcement: str) -> None:
+    def __init__(self, config: uvicorn.Config, core: GatewayCore, announcement: str) -> None:
         super().__init__(config)
+        self.core = core
         self.announcement = announcement
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
         if self.started:
             logging.getLogger("kvgate.gateway").info("%s", self.announcement)
+
+    async def shutdown(self, sockets=None) -> None:
+        self.core.shutdown.begin()
+        in_flight = self.core.metrics.requests_in_flight
+        if in_flight:
+            logging.getLogger("kvgate.gateway").info(
+                "stopping: %d request(s) in flight get up to %g s to finish", in_flight,
+                self.config.timeout_graceful_shutdown)
+        await super().shutdown(sockets)
 
 
 def run(args: argparse.Namespace, config: KvgateConfig, tokenizer_dirs: Mapping[str, Path]) -> int:

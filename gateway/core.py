@@ -26,6 +26,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.peers import PeerLink
 from gateway.registry_watch import RegistryWatcher
 from gateway.routing_config import PolicyFileWatcher, prompt_token_limits, routing_rules, tenant_cache_salts
+from gateway.shutdown import Shutdown
 from gateway.telemetry import Telemetry
 from gateway.upstream_http import UpstreamClient
 from kvgate.config import KvgateConfig
@@ -52,6 +53,7 @@ class GatewayCore:
         self.telemetry = Telemetry.from_config(config)
         self.rng = rng or random.Random()
         self.upstream = UpstreamClient()  # completions, health checks and metrics scrapes
+        self.shutdown = Shutdown()  # begun by the server as it stops (gateway/cli.py)
         self.offload = Offloader(config.limits.offload_min_bytes)  # a large request's parse, tokenizing, encoding
         self.tokenizers = _routing_tokenizers(config, tokenizer_dirs or {})
         max_model_lens = prompt_token_limits(config)

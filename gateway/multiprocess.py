@@ -54,7 +54,7 @@ from starlette.routing import Route
 from uvicorn.server import STARTUP_FAILURE
 
 from gateway.app import build_app
-from gateway.cli import configure_logging, prepare_process, run_server, server_config
+from gateway.cli import GatewayServer, configure_logging, prepare_process, run_server, server_config
 from gateway.core import GatewayCore
 from gateway.routing_config import routing_rules
 from kvgate.config import KvgateConfig
@@ -65,6 +65,7 @@ log = logging.getLogger("kvgate.gateway")
 PROCESS_LABEL = "gateway_process"
 START_TIMEOUT_S = 120.0  # for a process to serve, at start and after a restart
 PAGE_TIMEOUT_S = 1.0  # for a sibling's metrics page at a scrape
+STOP_MARGIN_S = 5.0  # past a process's shutdown grace, for its own stop (then it is killed)
 PAGE_END = b"# EOF\n"  # ends a complete page on the unix socket (a comment to the text format's parsers)
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _MAX_UNIX_PATH_BYTES = 107
@@ -103,7 +104,9 @@ def supervise(config_path: Path, config: KvgateConfig, host: str, port: int, cou
         specs = [ChildSpec(name=f"gateway-{slot.index}", argv=process_argv(config_path, host, port, slot),
                            ready_check=partial(page_answers, slot.metrics_socket()), reloads_on_sighup=True)
                  for slot in slots]
-        supervisor = Supervisor(specs, health_timeout_s=START_TIMEOUT_S, out=out)
+        # each process drains its requests in flight for up to shutdown_grace_s before it exits
+        supervisor = Supervisor(specs, health_timeout_s=START_TIMEOUT_S, out=out,
+                                stop_timeout_s=config.gateway.shutdown_grace_s + STOP_MARGIN_S)
 
         def announce() -> None:
             out.write(f"kvgate: gateway listening on {_url(host, port)} ({count} processes; "
@@ -175,7 +178,7 @@ def serve_process(config: KvgateConfig, tokenizer_dirs: Mapping[str, Path], host
     prepare_process(core)
     app = build_app(core, freeze_gc=True)
     replace_metrics_route(app.starlette, AllProcessesMetrics(slot, core.metrics.render).page)
-    server = _ProcessServer(server_config(app, host, port), slot, core.metrics.render,
+    server = _ProcessServer(server_config(app, host, port, config.gateway.shutdown_grace_s), core, slot,
                             f"gateway process {slot.index} of {slot.count} serving on {_url(host, port)}")
     return run_server(server, [sock])
 
@@ -186,22 +189,18 @@ def process_config(config: KvgateConfig, count: int) -> KvgateConfig:
     return dataclasses.replace(config, redis=dataclasses.replace(config.redis, replicas=config.redis.replicas * count))
 
 
-class _ProcessServer(uvicorn.Server):
+class _ProcessServer(GatewayServer):
     """Once serving: opens this process's metrics socket (the parent's sign that it is up) and says so."""
 
-    def __init__(self, config: uvicorn.Config, slot: ProcessSlot, render: Callable[[], bytes],
-                 announcement: str) -> None:
-        super().__init__(config)
+    def __init__(self, config: uvicorn.Config, core: GatewayCore, slot: ProcessSlot, announcement: str) -> None:
+        super().__init__(config, core, announcement)
         self._slot = slot
-        self._render = render
-        self._announcement = announcement
         self._page_server: asyncio.AbstractServer | None = None
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
         if self.started:
-            self._page_server = await serve_page(self._slot.metrics_socket(), self._render)
-            log.info("%s", self._announcement)
+            self._page_server = await serve_page(self._slot.metrics_socket(), self.core.metrics.render)
 
     async def shutdown(self, sockets=None) -> None:
         if self._page_server is not None:

@@ -29,7 +29,8 @@ from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
 from gateway.request_body import estimate_prompt_tokens, parse_body, read_body
 from gateway.session import ProxyRequest, Session, Write
-from gateway.sse import compact_json, compact_json_pieces
+from gateway.shutdown import Shutdown, shutdown_error
+from gateway.sse import DONE, compact_json, compact_json_pieces, encode_event
 from gateway.telemetry import OPERATIONS, Telemetry, set_usage, step_span
 from gateway.upstream_http import UpstreamClient
 from kvgate.api_error import ApiError
@@ -56,7 +57,8 @@ class ProxyEndpoint:
     (for the cost of each request); debug_header_for(tenant) says whether its answers carry x-kvgate-route;
     offload parses, tokenizes and encodes a large request off the event loop; longest_prompt_tokens,
     the longest prompt any pool takes (None: some pool has no known limit), bounds a large body's parse;
-    telemetry, the spans and the fields of the request's log line (gateway/telemetry.py)."""
+    telemetry, the spans and the fields of the request's log line (gateway/telemetry.py); shutdown, whether
+    the server is stopping (a request it cancels then ends with a clear error: gateway/shutdown.py)."""
 
     path: str
     admission: Admission
@@ -73,6 +75,7 @@ class ProxyEndpoint:
     offload: Offloader
     longest_prompt_tokens: int | None
     telemetry: Telemetry = field(default_factory=Telemetry)
+    shutdown: Shutdown = field(default_factory=Shutdown)
     kind: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -88,6 +91,7 @@ class ProxyEndpoint:
         record = state.get("log")  # the request's log line (None: not logged)
         watch = None
         in_flight = False
+        prompts = None
         try:
             try:
                 raw = state.pop("body", None)  # read by BodyLimitsMiddleware
@@ -122,6 +126,12 @@ class ProxyEndpoint:
                 log.exception("request %s failed", state.get("request_id", ""))
                 self._count_unanswered(state, tenant, model_label, 500, "internal_error")
                 await ApiError(500, "internal error in the gateway", "server_error").response()(scope, receive, send)
+                return
+            except asyncio.CancelledError:  # a batch's prompts end as their client gone (gateway/batch.py)
+                if prompts is not None or not self.shutdown.cut_short():
+                    raise
+                self._count_unanswered(state, tenant, model_label, 503, "gateway_shutdown")
+                await shutdown_error().response()(scope, receive, send)
                 return
             if started is None:  # the client went away before the first token: the attempt was cancelled
                 self._count_unanswered(state, tenant, model_label, 499, "client_gone")
@@ -289,13 +299,24 @@ class ProxyEndpoint:
         try:  # the answer goes out first: the client does not wait for the request's accounting
             if session.req.client_stream:
                 await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + headers})
-                await watch.run(session.stream(held, _body_writer(send)), own_task=True)
+                write = _body_writer(send)
+                try:
+                    await watch.run(session.stream(held, write), own_task=True)
+                except asyncio.CancelledError:
+                    if not self._cut_by_shutdown(session):
+                        raise
+                    await write(encode_event(shutdown_error().body()) + DONE, False)
                 return
             try:
                 result = await watch.run(session.collect(held))
             except ApiError as error:  # the worker failed mid-answer and no other could continue it
                 session.error_status = error.status
                 await error.response()(scope, receive, send)
+                return
+            except asyncio.CancelledError:
+                if not self._cut_by_shutdown(session):
+                    raise
+                await shutdown_error().response()(scope, receive, send)
                 return
             if result is None:
                 await _client_gone(send)
@@ -309,6 +330,14 @@ class ProxyEndpoint:
             # is awaited, so the permit is free by the time the client can send its next request
             self._finish(session, tenant)
             await session.end()
+
+    def _cut_by_shutdown(self, session: Session) -> bool:
+        """After a cancellation mid-answer: True if the server cut the request at its shutdown grace's end
+        (the session then ends as gateway_shutdown, 503), False for any other (re-raise it)."""
+        if not self.shutdown.cut_short():
+            return False
+        session.end_reason, session.error_status = "gateway_shutdown", 503
+        return True
 
     def _finish(self, session: Session, tenant: str) -> None:
         """The request's one terminal record: status (200 if answered, the error it ended with, else

@@ -18,16 +18,20 @@ from kvgate.kv_endpoints import REPLAY_PORT_OFFSET, replay_port
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    """Where the gateway listens, and which web pages' origins may call it from a browser
-    (cors_allowed_origins, e.g. https://app.example.com, or "*" for any; none: CORS off)."""
+    """Where the gateway listens; which web pages' origins may call it from a browser
+    (cors_allowed_origins, e.g. https://app.example.com, or "*" for any; none: CORS off); and how long
+    requests in flight may take to finish once it is told to stop (gateway/shutdown.py)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
     cors_allowed_origins: tuple[str, ...] = ()
+    shutdown_grace_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError("port", "must be in 0..65535")
+        if not 0 <= self.shutdown_grace_s <= 3600:
+            raise ConfigError("shutdown_grace_s", "must be in 0..3600")
         for i, origin in enumerate(self.cors_allowed_origins):
             check_origin(origin, f"cors_allowed_origins[{i}]")
 

@@ -175,4 +175,5 @@ app = Starlette(routes=[Route("/v1/chat/completions", generate, methods=["POST"]
                         Route("/health", health), Route("/calls", stats), Route("/requests", requests_received)])
 
 if __name__ == "__main__":
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+    # a hanging handler would hold a stop until the test kills it (10 s): it is cancelled after 1 s
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", timeout_graceful_shutdown=1)

@@ -74,6 +74,9 @@ BAD = [
      MINIMAL + "\ngateway: {cors_allowed_origins: ['app.example.com']}",
      "gateway.cors_allowed_origins[0]: 'app.example.com' is not an origin like "
      "https://app.example.com[:port], or \"*\""),
+    ("shutdown-grace-negative",
+     MINIMAL + "\ngateway: {shutdown_grace_s: -1}",
+     "gateway.shutdown_grace_s: must be in 0..3600"),
     ("missing-pools",
      "gateway: {port: 8000}",
      "pools: required"),
