@@ -7,6 +7,7 @@ import argparse
 import logging
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,7 +17,7 @@ from uvicorn.server import STARTUP_FAILURE
 
 from gateway.app import build_app
 from gateway.core import GatewayCore
-from kvgate.config import KvgateConfig
+from kvgate.config import ConfigError, KvgateConfig, ServerConfig
 
 GIL_SWITCH_INTERVAL_S = 0.0005
 
@@ -25,8 +26,9 @@ def serve(config: KvgateConfig, tokenizer_dirs: Mapping[str, Path], host: str, p
     configure_logging("gateway")
     core = GatewayCore(config, tokenizer_dirs)
     prepare_process(core)
-    server = GatewayServer(server_config(build_app(core, freeze_gc=True), host, port, config.gateway.shutdown_grace_s),
-                           core, f"gateway listening on http://{host}:{port} (pools: {', '.join(config.pools)})")
+    announcement = f"gateway listening on {listen_url(host, port, config.gateway)} (pools: {', '.join(config.pools)})"
+    app = build_app(core, freeze_gc=True)
+    server = GatewayServer(server_config(app, host, port, config.gateway), core, announcement)
     return run_server(server)
 
 
@@ -46,17 +48,37 @@ def prepare_process(core: GatewayCore) -> None:
     signal.signal(signal.SIGHUP, lambda signum, frame: core.reload_policies())
 
 
-def server_config(app, host: str, port: int, shutdown_grace_s: float) -> uvicorn.Config:
+def server_config(app, host: str, port: int, server: ServerConfig) -> uvicorn.Config:
     """uvicorn's settings for the gateway.
 
     Keep idle client connections longer than the usual load-balancer idle timeout (60 s), so a
     balancer never reuses a connection the gateway has just closed. No per-request access log (the
     metrics count requests) and no X-Forwarded-* rewriting (nothing reads the client address): both
-    cost CPU on every request. On SIGTERM, requests in flight get shutdown_grace_s to finish.
+    cost CPU on every request. HTTPS with server.tls_certfile; on SIGTERM, requests in flight get
+    server.shutdown_grace_s to finish.
     """
-    return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=shutdown_grace_s,
-                          loop="uvloop", http="httptools", backlog=4096, timeout_keep_alive=75, access_log=False,
-                          proxy_headers=False)
+    return uvicorn.Config(app, host=host, port=port, log_level="warning",
+                          timeout_graceful_shutdown=server.shutdown_grace_s, ssl_certfile=server.tls_certfile,
+                          ssl_keyfile=server.tls_keyfile, loop="uvloop", http="httptools", backlog=4096,
+                          timeout_keep_alive=75, access_log=False, proxy_headers=False)
+
+
+def listen_url(host: str, port: int, server: ServerConfig) -> str:
+    return f"{server.scheme}://[{host}]:{port}" if ":" in host else f"{server.scheme}://{host}:{port}"
+
+
+def check_tls(server: ServerConfig) -> None:
+    """ConfigError naming the key unless the certificate chain and its key load (checked once, before any
+    process starts: uvicorn's own error would come from each process, as a traceback)."""
+    if not server.tls_certfile:
+        return
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(server.tls_certfile, server.tls_keyfile)
+    except OSError as exc:  # ssl.SSLError included
+        key = f" with the key {server.tls_keyfile}" if server.tls_keyfile else ""
+        reason = exc.strerror if exc.strerror and not isinstance(exc, ssl.SSLError) else str(exc)
+        raise ConfigError("gateway.tls_certfile",
+                          f"cannot load the certificate chain {server.tls_certfile}{key}: {reason}") from None
 
 
 def run_server(server: uvicorn.Server, sockets: list[socket.socket] | None = None) -> int:
@@ -93,6 +115,7 @@ class GatewayServer(uvicorn.Server):
 
 
 def run(args: argparse.Namespace, config: KvgateConfig, tokenizer_dirs: Mapping[str, Path]) -> int:
+    check_tls(config.gateway)
     host = args.host or config.gateway.host
     port = args.port if args.port is not None else config.gateway.port
     workers = getattr(args, "workers", 1)

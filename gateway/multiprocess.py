@@ -54,7 +54,7 @@ from starlette.routing import Route
 from uvicorn.server import STARTUP_FAILURE
 
 from gateway.app import build_app
-from gateway.cli import GatewayServer, configure_logging, prepare_process, run_server, server_config
+from gateway.cli import GatewayServer, configure_logging, listen_url, prepare_process, run_server, server_config
 from gateway.core import GatewayCore
 from gateway.routing_config import routing_rules
 from kvgate.config import KvgateConfig
@@ -109,7 +109,7 @@ def supervise(config_path: Path, config: KvgateConfig, host: str, port: int, cou
                                 stop_timeout_s=config.gateway.shutdown_grace_s + STOP_MARGIN_S)
 
         def announce() -> None:
-            out.write(f"kvgate: gateway listening on {_url(host, port)} ({count} processes; "
+            out.write(f"kvgate: gateway listening on {listen_url(host, port, config.gateway)} ({count} processes; "
                       f"pools: {', '.join(config.pools)})\n")
             out.flush()
 
@@ -144,10 +144,6 @@ def page_answers(path: Path) -> bool:
     return True
 
 
-def _url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
 def _bound_socket(host: str, port: int, *options: int) -> socket.socket:
     """A TCP socket bound to host:port with these SOL_SOCKET options on (an IPv6 host: an IPv6 socket,
     as uvicorn binds)."""
@@ -178,8 +174,9 @@ def serve_process(config: KvgateConfig, tokenizer_dirs: Mapping[str, Path], host
     prepare_process(core)
     app = build_app(core, freeze_gc=True)
     replace_metrics_route(app.starlette, AllProcessesMetrics(slot, core.metrics.render).page)
-    server = _ProcessServer(server_config(app, host, port, config.gateway.shutdown_grace_s), core, slot,
-                            f"gateway process {slot.index} of {slot.count} serving on {_url(host, port)}")
+    server = _ProcessServer(server_config(app, host, port, config.gateway), core, slot,
+                            f"gateway process {slot.index} of {slot.count} serving on "
+                            f"{listen_url(host, port, config.gateway)}")
     return run_server(server, [sock])
 
 

@@ -64,7 +64,7 @@ def stack_specs(config: KvgateConfig, config_path: Path, gateway_port: int, api_
             "--host", host, "--port", str(gateway_port))
     env = {config.auth.dev_key_env: api_key} if config.auth.dev_key_env and api_key else {}
     specs.append(ChildSpec(name="gateway", argv=argv, critical=True, env=env,
-                           health_url=f"http://{_url_host(host)}:{gateway_port}/ready",
+                           health_url=f"{config.gateway.scheme}://{_url_host(host)}:{gateway_port}/ready",
                            reloads_on_sighup=config.routing.policies_file is not None))
     return specs
 
@@ -77,7 +77,7 @@ def dev_api_key(env_value: str | None) -> str:
 def print_banner(out: TextIO, config: KvgateConfig, gateway_port: int, api_key: str | None) -> None:
     """What `kvgate up` prints once the stack is ready; api_key None: the dev key is off (auth.keys are
     configured), so the example names no key."""
-    base = f"http://{_url_host(config.gateway.host)}:{gateway_port}"
+    base = f"{config.gateway.scheme}://{_url_host(config.gateway.host)}:{gateway_port}"
     model = next(iter(config.pools.values())).model
     shown = api_key or "<one of auth.keys>"
     out.write(

@@ -13,6 +13,7 @@ import collections
 import ctypes
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -331,11 +332,19 @@ class Supervisor:
                 signal.signal(sig, handler)
 
 
+# A child's own HTTPS health URL (a gateway with gateway.tls_certfile) is probed without checking its
+# certificate: the supervisor started that process itself, on this machine; the certificate names the
+# address clients use, maybe not the one probed.
+_OWN_CHILD_TLS = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # no CA certificates loaded: none are checked
+_OWN_CHILD_TLS.check_hostname = False
+_OWN_CHILD_TLS.verify_mode = ssl.CERT_NONE
+
+
 def _is_healthy(url: str | None) -> bool:
     if url is None:
         return True
     try:
-        with urllib.request.urlopen(url, timeout=1.0) as response:
+        with urllib.request.urlopen(url, timeout=1.0, context=_OWN_CHILD_TLS) as response:
             return response.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False

@@ -18,18 +18,27 @@ from kvgate.kv_endpoints import REPLAY_PORT_OFFSET, replay_port
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    """Where the gateway listens; which web pages' origins may call it from a browser
+    """Where the gateway listens, over HTTPS when tls_certfile names its certificate chain (PEM; its key
+    in tls_keyfile, or in the same file); which web pages' origins may call it from a browser
     (cors_allowed_origins, e.g. https://app.example.com, or "*" for any; none: CORS off); and how long
     requests in flight may take to finish once it is told to stop (gateway/shutdown.py)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
+    tls_certfile: str | None = None
+    tls_keyfile: str | None = None
     cors_allowed_origins: tuple[str, ...] = ()
     shutdown_grace_s: float = 30.0
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_certfile else "http"
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError("port", "must be in 0..65535")
+        if self.tls_keyfile and not self.tls_certfile:
+            raise ConfigError("tls_keyfile", "needs tls_certfile (the certificate chain it is the key of)")
         if not 0 <= self.shutdown_grace_s <= 3600:
             raise ConfigError("shutdown_grace_s", "must be in 0..3600")
         for i, origin in enumerate(self.cors_allowed_origins):

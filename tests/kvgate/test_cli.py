@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -195,3 +196,18 @@ def test_up_prints_the_dev_key_only_where_the_gateway_accepts_it(keys, shown):
     print_banner(out, config, 8000, "kvg-dev-x" if auth.dev_key_enabled else None)
     assert shown in out.getvalue()
     assert ("kvg-dev-x" in out.getvalue()) == (not keys)
+
+
+def test_up_names_and_probes_an_https_gateway_as_https():
+    import io
+
+    from kvgate.config import KvgateConfig, build
+    from kvgate.stack import print_banner, stack_specs
+
+    config = build(KvgateConfig, {"pools": {"default": {"model": "m", "workers": [{"name": "w", "url": "http://w"}]}},
+                                  "gateway": {"tls_certfile": "/etc/kvgate/tls.pem"}})
+    out = io.StringIO()
+    print_banner(out, config, 8443, "kvg-dev-x")
+    assert "OpenAI base URL: https://127.0.0.1:8443/v1" in out.getvalue()
+    (gateway,) = stack_specs(config, Path("kvgate.yaml"), 8443, "kvg-dev-x")
+    assert gateway.health_url == "https://127.0.0.1:8443/ready"

@@ -74,6 +74,9 @@ BAD = [
      MINIMAL + "\ngateway: {cors_allowed_origins: ['app.example.com']}",
      "gateway.cors_allowed_origins[0]: 'app.example.com' is not an origin like "
      "https://app.example.com[:port], or \"*\""),
+    ("tls-key-without-a-certificate",
+     MINIMAL + "\ngateway: {tls_keyfile: /etc/kvgate/key.pem}",
+     "gateway.tls_keyfile: needs tls_certfile (the certificate chain it is the key of)"),
     ("shutdown-grace-negative",
      MINIMAL + "\ngateway: {shutdown_grace_s: -1}",
      "gateway.shutdown_grace_s: must be in 0..3600"),
