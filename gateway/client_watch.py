@@ -1,10 +1,11 @@
-"""One watcher per request for its client going away: the request's own task is cancelled then, so
-whatever it awaits upstream (admission, an attempt, the rest of an answer) is aborted at once and
-cleans up after itself.
+"""One watch per request for what ends it from outside: its client going away, or its total time
+(upstream.total_timeout_s) running out. The request's own task is cancelled then, so whatever it
+awaits upstream (admission, an attempt, the rest of an answer) is aborted at once and cleans up
+after itself; `gone` or `expired` says which.
 
-The watcher is a task, started only once the request has run for WATCH_AFTER_S: most answers that
-are over sooner (a short non-streaming completion, a refusal) never pay for a task, and a client that
-leaves in that time is still noticed, WATCH_AFTER_S late at most."""
+The watcher is a task, started only once the request has run for WATCH_AFTER_S, and the total's
+timer with it: most answers that are over sooner (a short non-streaming completion, a refusal) never
+pay for either, and a client that leaves in that time is still noticed, WATCH_AFTER_S late at most."""
 
 from __future__ import annotations
 
@@ -25,18 +26,23 @@ class ClientWatch:
     """Started in the request's task once its body is read; after after_s, one task waits for
     http.disconnect for the rest of the request. `await watch.run(work)` awaits work in the request's
     task and answers None if the client goes away meanwhile (that task is cancelled then); between
-    runs a disconnect cancels nothing. stop() once the response is complete (uvicorn's receive answers
+    runs a disconnect cancels nothing. With total_s, the request's task is cancelled (while in a run)
+    once that long has passed since the watch began, and `expired` is set: the caller ends the request
+    with its timeout error. stop() once the response is complete (uvicorn's receive answers
     http.disconnect after the last body message too)."""
 
-    __slots__ = ("gone", "_armed", "_task", "_timer", "_watcher")
+    __slots__ = ("gone", "expired", "_armed", "_task", "_timer", "_watcher", "_deadline", "_expiry")
 
-    def __init__(self, receive: Receive, after_s: float = WATCH_AFTER_S) -> None:
+    def __init__(self, receive: Receive, after_s: float = WATCH_AFTER_S, total_s: float | None = None) -> None:
         loop = asyncio.get_running_loop()
         self.gone = False
+        self.expired = False
         self._armed = False
         self._task = asyncio.current_task(loop)
         self._watcher: asyncio.Task | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline = None if total_s is None else loop.time() + total_s
+        self._expiry: asyncio.TimerHandle | None = None
         if after_s > 0:
             self._timer = loop.call_later(after_s, self._start, receive)
         else:
@@ -53,6 +59,9 @@ class ClientWatch:
         if self.gone:
             getattr(work, "close", _nothing)()
             return None
+        if self.expired:
+            getattr(work, "close", _nothing)()
+            raise asyncio.CancelledError("the request's total time ran out")
         self._armed = True
         try:
             return await (asyncio.get_running_loop().create_task(work) if own_task else work)
@@ -69,12 +78,22 @@ class ClientWatch:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._expiry is not None:
+            self._expiry.cancel()
         if self._watcher is not None:
             self._watcher.cancel()
 
     def _start(self, receive: Receive) -> None:
         self._timer = None
-        self._watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+        loop = asyncio.get_running_loop()
+        self._watcher = loop.create_task(self._watch(receive))
+        if self._deadline is not None:
+            self._expiry = loop.call_at(self._deadline, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        if self._armed:
+            self._task.cancel()
 
     async def _watch(self, receive: Receive) -> None:
         try:

@@ -109,7 +109,7 @@ class ProxyEndpoint:
                     return
                 metrics.requests_in_flight += 1
                 in_flight = True
-                watch = ClientWatch(receive)  # the one watcher for the rest of the request
+                watch = ClientWatch(receive, total_s=self.settings.total_timeout_s)  # for the rest of the request
                 started = await watch.run(self._start(scope, body, len(raw), tenant))
             except ApiError as error:
                 self._count_unanswered(state, tenant, model_label, error.status, error.code or error.type,
@@ -128,10 +128,11 @@ class ProxyEndpoint:
                 await ApiError(500, "internal error in the gateway", "server_error").response()(scope, receive, send)
                 return
             except asyncio.CancelledError:  # a batch's prompts end as their client gone (gateway/batch.py)
-                if prompts is not None or not self.shutdown.cut_short():
+                error = None if prompts is not None else self._cut_short(watch)
+                if error is None:
                     raise
-                self._count_unanswered(state, tenant, model_label, 503, "gateway_shutdown")
-                await shutdown_error().response()(scope, receive, send)
+                self._count_unanswered(state, tenant, model_label, error.status, error.code, error.message)
+                await error.response()(scope, receive, send)
                 return
             if started is None:  # the client went away before the first token: the attempt was cancelled
                 self._count_unanswered(state, tenant, model_label, 499, "client_gone")
@@ -303,9 +304,10 @@ class ProxyEndpoint:
                 try:
                     await watch.run(session.stream(held, write), own_task=True)
                 except asyncio.CancelledError:
-                    if not self._cut_by_shutdown(session):
+                    error = self._cut_short(watch, session)
+                    if error is None:
                         raise
-                    await write(encode_event(shutdown_error().body()) + DONE, False)
+                    await write(encode_event(error.body()) + DONE, False)
                 return
             try:
                 result = await watch.run(session.collect(held))
@@ -314,9 +316,10 @@ class ProxyEndpoint:
                 await error.response()(scope, receive, send)
                 return
             except asyncio.CancelledError:
-                if not self._cut_by_shutdown(session):
+                error = self._cut_short(watch, session)
+                if error is None:
                     raise
-                await shutdown_error().response()(scope, receive, send)
+                await error.response()(scope, receive, send)
                 return
             if result is None:
                 await _client_gone(send)
@@ -331,13 +334,24 @@ class ProxyEndpoint:
             self._finish(session, tenant)
             await session.end()
 
-    def _cut_by_shutdown(self, session: Session) -> bool:
-        """After a cancellation mid-answer: True if the server cut the request at its shutdown grace's end
-        (the session then ends as gateway_shutdown, 503), False for any other (re-raise it)."""
-        if not self.shutdown.cut_short():
-            return False
-        session.end_reason, session.error_status = "gateway_shutdown", 503
-        return True
+    def _cut_short(self, watch: ClientWatch | None, session: Session | None = None) -> ApiError | None:
+        """After the request's task was cancelled: the error to end the request with if the gateway cut
+        it short (its total time ran out, or the server stopped and its grace ran out), the task then
+        uncancelled and the session's end recorded; None for any other cancellation (re-raise it)."""
+        if watch is not None and watch.expired:
+            error = ApiError(504, "the request ran past the gateway's total timeout "
+                                  f"({self.settings.total_timeout_s:g} s, upstream.total_timeout_s)", "timeout_error",
+                             code="total_timeout")
+        elif self.shutdown.started:
+            error = shutdown_error()
+        else:
+            return None
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        if session is not None:
+            session.end_reason, session.error_status = error.code, error.status
+        return error
 
     def _finish(self, session: Session, tenant: str) -> None:
         """The request's one terminal record: status (200 if answered, the error it ended with, else

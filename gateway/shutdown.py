@@ -2,12 +2,10 @@
 once, requests in flight get `gateway.shutdown_grace_s` to finish, and one the server cancels after
 that ends with a clear error, not a cut connection: a 503 `gateway_shutdown` (Retry-After: another
 replica can serve it), or for a stream already under way that error as its last event and [DONE].
-Shutdown says which: the server (gateway/cli.py) begins it before it stops, so the completion
-endpoints tell its cancellation from any other."""
+Shutdown says it has begun: the server (gateway/cli.py) begins it before it stops, so the completion
+endpoints (gateway/proxy.py) tell its cancellation from any other."""
 
 from __future__ import annotations
-
-import asyncio
 
 from kvgate.api_error import ApiError
 
@@ -20,17 +18,6 @@ class Shutdown:
 
     def begin(self) -> None:
         self.started = True
-
-    def cut_short(self) -> bool:
-        """In a request's task that was just cancelled: True if the server cancelled it because the
-        grace ran out (the task is then uncancelled, to end its answer with SHUTDOWN_ERROR), False for
-        any other cancellation (re-raise it)."""
-        if not self.started:
-            return False
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()
-        return True
 
 
 def shutdown_error() -> ApiError:

@@ -117,6 +117,51 @@ def test_a_client_gone_within_the_delay_is_noticed_once_it_ends():
     assert 0.04 <= waited_s < 1.0
 
 
+def test_the_total_time_running_out_cancels_the_run_and_says_so():
+    async def scenario() -> tuple[bool, float, bool, bool]:
+        client = Client()
+        await client.receive()
+        loop = asyncio.get_running_loop()
+        watch = ClientWatch(client.receive, after_s=0.01, total_s=0.1)
+        started = loop.time()
+        try:
+            await watch.run(asyncio.sleep(10))
+            cancelled = False
+        except asyncio.CancelledError:
+            cancelled = True
+        waited_s = loop.time() - started
+        asyncio.current_task().uncancel()
+        started_again = []
+
+        async def more() -> None:
+            started_again.append(True)
+
+        try:  # a run after the total is up does not start
+            await watch.run(more())
+            refused = False
+        except asyncio.CancelledError:
+            refused = True
+        watch.stop()
+        return cancelled and watch.expired and not watch.gone, waited_s, refused, bool(started_again)
+
+    expired, waited_s, refused, started_again = asyncio.run(scenario())
+    assert expired and 0.09 <= waited_s < 1.0
+    assert refused and not started_again
+
+
+def test_a_request_over_within_its_total_time_is_not_touched():
+    async def scenario() -> object:
+        client = Client()
+        await client.receive()
+        watch = ClientWatch(client.receive, after_s=0.01, total_s=0.2)
+        result = await watch.run(asyncio.sleep(0.05, "answer"))
+        watch.stop()
+        await asyncio.sleep(0.3)  # the expiry timer is gone with stop()
+        return result, watch.expired
+
+    assert asyncio.run(scenario()) == ("answer", False)
+
+
 def test_a_cancellation_from_elsewhere_is_not_taken_for_a_client_gone():
     async def scenario() -> None:
         client = Client()

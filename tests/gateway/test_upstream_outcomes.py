@@ -130,6 +130,31 @@ def test_tokens_of_a_stream_its_client_left_are_counted(tmp_path):
         assert metric_value(gateway.url, "kvgate_requests_total", status="499") == 1
 
 
+def test_a_request_past_its_total_timeout_ends_with_a_504_or_its_streams_last_event(tmp_path):
+    """upstream.total_timeout_s bounds a request from arrival to its answer's end: an answer still
+    trickling, or a worker that never answers, ends then with total_timeout (no retry elsewhere: the
+    worker is not at fault), counted and logged once; its tokens so far are counted too."""
+    with ExitStack() as stack:
+        gateway, workers = start_fleet(stack, tmp_path, {"trickle": "trickle", "hang": "hang"},
+                                       upstream={"total_timeout_s": 0.6, "first_byte_timeout_s": 5.0})
+        with httpx.stream("POST", f"{gateway.url}/v1/completions", headers=AUTH, timeout=10,
+                          json={**BODY, "max_tokens": 500, "stream": True}) as response:
+            assert response.status_code == 200 and response.headers["x-kvgate-worker"] == "trickle"
+            lines = [line for line in response.iter_lines() if line]
+        assert len([line for line in lines if '"text"' in line]) >= 3  # tokens until the time ran out
+        error = json.loads(lines[-2].removeprefix("data: "))["error"]
+        assert error["code"] == "total_timeout" and "0.6 s" in error["message"]
+        assert lines[-1] == "data: [DONE]"
+        started = time.monotonic()
+        refused = post(gateway.url)  # round robin: the hanging worker's turn
+        assert time.monotonic() - started < 3  # the total, not the first-byte timeout (5 s)
+        assert refused.status_code == 504 and refused.json()["error"]["code"] == "total_timeout"
+        assert httpx.get(f"{workers['trickle'].url}/calls").json()["generate"] == 1  # not retried there
+        assert metric_value(gateway.url, "kvgate_requests_total", status="504") == 2
+        assert metric_value(gateway.url, "kvgate_completion_tokens_total") >= 3
+        assert metric_value(gateway.url, "kvgate_breaker_state", worker="hang") == 0
+
+
 def test_tokens_of_an_answer_that_ended_without_usage_are_counted(tmp_path):
     with ExitStack() as stack:
         gateway, _ = start_fleet(stack, tmp_path, {"w": "finish_without_usage"})
