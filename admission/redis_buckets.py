@@ -11,12 +11,12 @@ from collections.abc import Callable
 import redis
 import redis.asyncio
 
-from admission.token_bucket import BucketSpec, LocalBuckets
+from admission.token_bucket import BucketSpec, LocalBuckets, Taken
 from kvgate.tasks import stop_tasks
 
 # LocalBuckets' take/adjust on a hash {tokens, updated_us}. KEYS[1]: the bucket.
-# ARGV: rate_per_s, burst, amount, op ("take" or "adjust"). Returns the wait in seconds, as a string
-# (Redis would truncate a Lua number to an integer).
+# ARGV: rate_per_s, burst, amount, op ("take" or "adjust"). Returns the wait in seconds and the tokens
+# left, as strings (Redis would truncate a Lua number to an integer).
 _BUCKET_LUA = """
 local rate_per_s = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
@@ -55,7 +55,7 @@ end
 -- Save, and let the key expire when the bucket would be full again (a missing key reads as full).
 redis.call('HSET', KEYS[1], 'tokens', num(tokens), 'updated_us', num(updated_us))
 redis.call('PEXPIRE', KEYS[1], num(math.max(1, math.ceil((burst - tokens) / rate_per_s * 1000))))
-return num(wait_s)
+return {num(wait_s), num(tokens)}
 """
 
 # What a dead, unreachable or hung Redis raises (TimeoutError is an OSError).
@@ -81,7 +81,7 @@ class RedisBuckets:
         self._prefix = prefix
         self._script = client.register_script(_BUCKET_LUA)  # EVALSHA; loads the script on NOSCRIPT
 
-    async def take(self, key: str, spec: BucketSpec, amount: float) -> float:
+    async def take(self, key: str, spec: BucketSpec, amount: float) -> Taken:
         return await self._run(key, spec, amount, "take")
 
     async def adjust(self, key: str, spec: BucketSpec, amount: float) -> None:
@@ -90,9 +90,9 @@ class RedisBuckets:
     async def ping(self) -> None:
         await self._client.ping()
 
-    async def _run(self, key: str, spec: BucketSpec, amount: float, op: str) -> float:
-        wait_s = await self._script(keys=[self._prefix + key], args=[spec.rate_per_s, spec.burst, amount, op])
-        return float(wait_s)
+    async def _run(self, key: str, spec: BucketSpec, amount: float, op: str) -> Taken:
+        wait_s, left = await self._script(keys=[self._prefix + key], args=[spec.rate_per_s, spec.burst, amount, op])
+        return Taken(float(wait_s), float(left))
 
 
 class SharedBuckets:
@@ -124,14 +124,14 @@ class SharedBuckets:
         """"redis" while the limits are shared, "local" while this replica limits on its own."""
         return "redis" if self._local is None else "local"
 
-    async def take(self, key: str, spec: BucketSpec, amount: float) -> float:
+    async def take(self, key: str, spec: BucketSpec, amount: float) -> Taken:
         local = self._local
         if local is None:
             try:
                 return await self._redis.take(key, spec, amount)
             except REDIS_ERRORS:
                 local = self._go_local()
-        return local.take_now(key, spec.scaled(self._share), amount)
+        return local.taken_now(key, spec.scaled(self._share), amount)
 
     async def adjust(self, key: str, spec: BucketSpec, amount: float) -> None:
         local = self._local

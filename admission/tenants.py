@@ -64,11 +64,15 @@ class OverLimit:
 
 @dataclass(slots=True)
 class TenantGrant:
-    """What a request took from its tenant's limits; settle() it once, when the request ends."""
+    """What a request took from its tenant's limits; settle() it once, when the request ends.
+    requests_left, tokens_left: what its buckets held after the take (None: no such limit, or not
+    taken: a batch's later prompts take no request)."""
 
     tenant: TenantPolicy
     reserved_tokens: float
     settled: bool = False
+    requests_left: float | None = None
+    tokens_left: float | None = None
 
 
 class TenantLimits:
@@ -89,18 +93,20 @@ class TenantLimits:
         if allowed is not None and self._in_flight.get(tenant.name, 0) >= allowed:
             return OverLimit("max_concurrency", 1.0)
         requests, token_spec = tenant.request_bucket if counts_request else None, tenant.token_bucket
+        requests_left = tokens_left = None
         if requests is not None:
-            wait_s = await self._buckets.take(_key(tenant, "requests"), requests, 1)
+            wait_s, requests_left = await self._buckets.take(_key(tenant, "requests"), requests, 1)
             if wait_s > 0:
                 return OverLimit("requests_per_s", wait_s)
         if token_spec is not None:
-            wait_s = await self._buckets.take(_key(tenant, "tokens"), token_spec, tokens)
+            wait_s, tokens_left = await self._buckets.take(_key(tenant, "tokens"), token_spec, tokens)
             if wait_s > 0:
                 if requests is not None:  # the request was not admitted: its request token goes back
                     await self._buckets.adjust(_key(tenant, "requests"), requests, -1)
                 return OverLimit("tokens_per_min", wait_s)
         self._in_flight[tenant.name] = self._in_flight.get(tenant.name, 0) + 1
-        return TenantGrant(tenant, tokens if token_spec is not None else 0.0)
+        return TenantGrant(tenant, tokens if token_spec is not None else 0.0, requests_left=requests_left,
+                           tokens_left=tokens_left)
 
     def allowed_in_flight(self, tenant: TenantPolicy) -> int | None:
         """The tenant's requests this replica lets run at once (None: no limit)."""

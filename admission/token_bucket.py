@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,11 +33,19 @@ class BucketSpec:
         return BucketSpec(self.rate_per_s * fraction, max(1.0, self.burst * fraction))
 
 
+class Taken(NamedTuple):
+    """A take's answer: wait_s 0.0 when granted, else the seconds until it would be (nothing is taken);
+    left, the tokens in the bucket after it (below 0: in debt)."""
+
+    wait_s: float
+    left: float
+
+
 class TokenBuckets(Protocol):
     """Named buckets (one per tenant and limit). Both calls answer without waiting on anything slow."""
 
-    async def take(self, key: str, spec: BucketSpec, amount: float) -> float:
-        """Take amount: 0.0 when granted; else the seconds until it would be (nothing is taken)."""
+    async def take(self, key: str, spec: BucketSpec, amount: float) -> Taken:
+        """Take amount, if it is there (see Taken)."""
 
     async def adjust(self, key: str, spec: BucketSpec, amount: float) -> None:
         """Take amount (> 0) or give it back (< 0) without a check."""
@@ -67,8 +75,12 @@ class LocalBuckets:
         bucket = self._refilled(key, spec)
         bucket.tokens = min(spec.burst, bucket.tokens - amount)
 
-    async def take(self, key: str, spec: BucketSpec, amount: float) -> float:
-        return self.take_now(key, spec, amount)
+    def taken_now(self, key: str, spec: BucketSpec, amount: float) -> Taken:
+        wait_s = self.take_now(key, spec, amount)
+        return Taken(wait_s, self._buckets[key].tokens)
+
+    async def take(self, key: str, spec: BucketSpec, amount: float) -> Taken:
+        return self.taken_now(key, spec, amount)
 
     async def adjust(self, key: str, spec: BucketSpec, amount: float) -> None:
         self.adjust_now(key, spec, amount)

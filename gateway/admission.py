@@ -105,6 +105,25 @@ class Permit:
         """Routing counted the prompt: the tenant's token reservation is corrected to it."""
         self.admission.limits.recount(self.grant, prompt_tokens + self.reserved_completion_tokens)
 
+    def rate_limit_headers(self) -> list[tuple[bytes, bytes]]:
+        """OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens} for the tenant's limits (none
+        without limits): each limit's burst, what its bucket held after this request took its share, and
+        how long until the bucket is full again ("6m0s", "1.5s", "250ms")."""
+        grant = self.grant
+        if grant.requests_left is None and grant.tokens_left is None:
+            return []
+        tenant = grant.tenant
+        headers: list[tuple[bytes, bytes]] = []
+        for kind, spec, left in (("requests", tenant.request_bucket, grant.requests_left),
+                                 ("tokens", tenant.token_bucket, grant.tokens_left)):
+            if spec is None or left is None:
+                continue
+            headers += [(f"x-ratelimit-limit-{kind}".encode(), b"%d" % spec.burst),
+                        (f"x-ratelimit-remaining-{kind}".encode(), b"%d" % max(0, math.floor(left))),
+                        (f"x-ratelimit-reset-{kind}".encode(),
+                         duration_text(max(0.0, spec.burst - left) / spec.rate_per_s).encode())]
+        return headers
+
     def end(self, *, queue_delay_s: float | None, dropped: bool, usage: Mapping[str, Any] | None,
             first_token_at_s: float | None = None) -> None:
         """The request is over: the pool's slot goes back with its latency samples (queue_delay_s:
@@ -289,6 +308,17 @@ def _log_budget_state(pool: str, state: str) -> None:
     else:
         log.warning("pool %s: Redis unreachable: retry budget enforced locally, this replica's share, "
                     "until it answers", pool)
+
+
+def duration_text(seconds: float) -> str:
+    """A duration as OpenAI's rate-limit headers write it: "250ms", "1.5s", "6m0s", "1h2m3s"."""
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    if seconds < 60:
+        return f"{seconds:.3g}s"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes}m{secs}s" if hours else f"{minutes}m{secs}s"
 
 
 def pool_concurrency_ceiling(pool: PoolConfig, registered_workers: int = 0) -> int:

@@ -295,6 +295,9 @@ class ProxyEndpoint:
         """The answer, with raw ASGI messages: a stream as one body message per upstream read, or the
         assembled response; a client that goes away meanwhile cancels the rest upstream (499)."""
         headers = [(b"x-kvgate-worker", session.tried[-1].encode())]
+        rate_limits = session.permit.rate_limit_headers()
+        if rate_limits:
+            headers += rate_limits
         if self.debug_header_for(tenant):
             headers.append((b"x-kvgate-route", session.ticket.decision.explain()[:2000].encode("latin-1", "replace")))
         try:  # the answer goes out first: the client does not wait for the request's accounting

@@ -56,7 +56,7 @@ async def state_within(shared: SharedBuckets, within_s: float) -> str:
 
 async def take_all(buckets: TokenBuckets, spec: BucketSpec = SPEC) -> int:
     taken = 0
-    while await buckets.take("t", spec, 1) == 0.0:
+    while (await buckets.take("t", spec, 1)).wait_s == 0.0:
         taken += 1
     return taken
 
@@ -64,9 +64,21 @@ async def take_all(buckets: TokenBuckets, spec: BucketSpec = SPEC) -> int:
 def test_a_new_bucket_grants_its_burst_then_says_how_long_to_wait(run_on_buckets):
     async def scenario(buckets: TokenBuckets) -> None:
         assert await take_all(buckets) == 5
-        wait_s = await buckets.take("t", SPEC, 3)
+        wait_s = (await buckets.take("t", SPEC, 3)).wait_s
         assert isinstance(wait_s, float)
         assert wait_s == pytest.approx(0.3, abs=WAIT_S)
+    run_on_buckets(scenario)
+
+
+def test_a_take_says_what_the_bucket_holds_after_it(run_on_buckets):
+    """What a response's x-ratelimit-remaining-* reports: the tokens left after a grant, the tokens there
+    after a refusal (nothing taken), below zero in debt."""
+    async def scenario(buckets: TokenBuckets) -> None:
+        granted = await buckets.take("t", SPEC, 3)
+        assert granted.wait_s == 0.0 and granted.left == pytest.approx(2, abs=0.2)
+        refused = await buckets.take("t", SPEC, 4)
+        assert refused.wait_s > 0 and refused.left == pytest.approx(2, abs=0.2)
+        assert (await buckets.take("debt", SPEC, 20)).left == pytest.approx(-15, abs=0.2)
     run_on_buckets(scenario)
 
 
@@ -76,12 +88,12 @@ def test_tokens_refill_at_the_rate(run_on_buckets):
     bounded by the time measured around the first and the last call, not taken as exactly 0.05 s."""
     async def scenario(buckets: TokenBuckets) -> None:
         before_empty_s = time.monotonic()
-        await buckets.take("t", SPEC, 5)
+        (await buckets.take("t", SPEC, 5)).wait_s
         after_empty_s = time.monotonic()
         await asyncio.sleep(0.25)
-        assert await buckets.take("t", SPEC, 2) == 0.0
+        assert (await buckets.take("t", SPEC, 2)).wait_s == 0.0
         before_last_s = time.monotonic()
-        wait_s = await buckets.take("t", SPEC, 1)
+        wait_s = (await buckets.take("t", SPEC, 1)).wait_s
         after_last_s = time.monotonic()
         # 3 tokens short at the first take, refilled at 10/s: the last one is due 0.3 s after it.
         shortest_s = max(0.0, 0.3 - (after_last_s - before_empty_s))
@@ -93,7 +105,7 @@ def test_tokens_refill_at_the_rate(run_on_buckets):
 
 def test_refill_stops_at_the_burst(run_on_buckets):
     async def scenario(buckets: TokenBuckets) -> None:
-        await buckets.take("t", SPEC, 1)
+        (await buckets.take("t", SPEC, 1)).wait_s
         await asyncio.sleep(0.3)
         assert await take_all(buckets) == 5
     run_on_buckets(scenario)
@@ -101,24 +113,24 @@ def test_refill_stops_at_the_burst(run_on_buckets):
 
 def test_a_request_over_the_burst_is_granted_when_full_and_leaves_debt(run_on_buckets):
     async def scenario(buckets: TokenBuckets) -> None:
-        assert await buckets.take("t", SPEC, 20) == 0.0
-        assert await buckets.take("t", SPEC, 1) == pytest.approx(1.6, abs=WAIT_S)  # 15 owed + 1
-        assert await buckets.take("t", SPEC, 20) == pytest.approx(2.0, abs=WAIT_S)  # until full again
+        assert (await buckets.take("t", SPEC, 20)).wait_s == 0.0
+        assert (await buckets.take("t", SPEC, 1)).wait_s == pytest.approx(1.6, abs=WAIT_S)  # 15 owed + 1
+        assert (await buckets.take("t", SPEC, 20)).wait_s == pytest.approx(2.0, abs=WAIT_S)  # until full again
     run_on_buckets(scenario)
 
 
 def test_a_request_over_the_burst_waits_for_a_full_bucket(run_on_buckets):
     async def scenario(buckets: TokenBuckets) -> None:
-        await buckets.take("t", SPEC, 2)
-        assert await buckets.take("t", SPEC, 20) == pytest.approx(0.2, abs=WAIT_S)
+        (await buckets.take("t", SPEC, 2)).wait_s
+        assert (await buckets.take("t", SPEC, 20)).wait_s == pytest.approx(0.2, abs=WAIT_S)
         await asyncio.sleep(0.21)
-        assert await buckets.take("t", SPEC, 20) == 0.0
+        assert (await buckets.take("t", SPEC, 20)).wait_s == 0.0
     run_on_buckets(scenario)
 
 
 def test_adjust_gives_back_up_to_the_burst(run_on_buckets):
     async def scenario(buckets: TokenBuckets) -> None:
-        await buckets.take("t", SPEC, 5)
+        (await buckets.take("t", SPEC, 5)).wait_s
         await buckets.adjust("t", SPEC, -3)
         assert await take_all(buckets) == 3
         await buckets.adjust("t", SPEC, -100)
@@ -129,7 +141,7 @@ def test_adjust_gives_back_up_to_the_burst(run_on_buckets):
 def test_adjust_takes_more_without_a_check_into_debt(run_on_buckets):
     async def scenario(buckets: TokenBuckets) -> None:
         await buckets.adjust("t", SPEC, 8)
-        assert await buckets.take("t", SPEC, 1) == pytest.approx(0.4, abs=WAIT_S)
+        assert (await buckets.take("t", SPEC, 1)).wait_s == pytest.approx(0.4, abs=WAIT_S)
     run_on_buckets(scenario)
 
 
@@ -137,10 +149,10 @@ def test_two_replicas_share_one_bucket(redis_server):
     async def scenario() -> None:
         async with gateway_client(redis_server) as one, gateway_client(redis_server) as two:
             replica_a, replica_b = RedisBuckets(one), RedisBuckets(two)
-            assert await replica_a.take("t", SPEC, 3) == 0.0
-            assert await replica_b.take("t", SPEC, 2) == 0.0
-            assert await replica_a.take("t", SPEC, 1) > 0.0
-            assert await replica_b.take("t", SPEC, 1) > 0.0
+            assert (await replica_a.take("t", SPEC, 3)).wait_s == 0.0
+            assert (await replica_b.take("t", SPEC, 2)).wait_s == 0.0
+            assert (await replica_a.take("t", SPEC, 1)).wait_s > 0.0
+            assert (await replica_b.take("t", SPEC, 1)).wait_s > 0.0
     asyncio.run(scenario())
 
 
@@ -159,10 +171,10 @@ def test_the_script_is_loaded_again_after_a_script_flush(redis_server):
     async def scenario() -> None:
         async with gateway_client(redis_server) as client:
             buckets = RedisBuckets(client)
-            await buckets.take("t", SPEC, 4)
+            (await buckets.take("t", SPEC, 4)).wait_s
             await client.script_flush()
-            assert await buckets.take("t", SPEC, 1) == 0.0
-            assert await buckets.take("t", SPEC, 1) > 0.0
+            assert (await buckets.take("t", SPEC, 1)).wait_s == 0.0
+            assert (await buckets.take("t", SPEC, 1)).wait_s > 0.0
     asyncio.run(scenario())
 
 
@@ -171,8 +183,8 @@ def test_shared_buckets_use_redis_while_it_answers(redis_server):
         async with gateway_client(redis_server) as one, gateway_client(redis_server) as two:
             replica_a = SharedBuckets(RedisBuckets(one), replicas=2)
             replica_b = SharedBuckets(RedisBuckets(two), replicas=2)
-            assert await replica_a.take("t", SPEC, 5) == 0.0
-            assert await replica_b.take("t", SPEC, 1) > 0.0
+            assert (await replica_a.take("t", SPEC, 5)).wait_s == 0.0
+            assert (await replica_b.take("t", SPEC, 1)).wait_s > 0.0
             assert replica_a.state == replica_b.state == "redis"
     asyncio.run(scenario())
 
@@ -200,7 +212,7 @@ def test_a_hung_redis_costs_one_timeout_then_no_redis_call_per_request(redis_ser
             await shared.take("warm", SPEC, 1)
             redis_server.hang()
             started_s = time.monotonic()
-            assert await shared.take("t", SPEC, 1) == 0.0
+            assert (await shared.take("t", SPEC, 1)).wait_s == 0.0
             assert time.monotonic() - started_s < 1.0  # the client's 0.5 s timeout, once
             started_s = time.monotonic()
             for _ in range(20):

@@ -17,9 +17,11 @@ from tests.processes import fake_worker_process, running
 
 pytestmark = pytest.mark.slow  # gateway and worker processes
 
-KEYS = {"gold": "key-gold", "plain": "key-plain", "flood": "key-flood", "batcher": "key-batcher"}
+KEYS = {"gold": "key-gold", "plain": "key-plain", "flood": "key-flood", "batcher": "key-batcher",
+        "metered": "key-metered"}
 TENANTS = {"gold": {"priority": "critical"}, "plain": {}, "flood": {"requests_per_s": 2, "requests_burst": 2},
-           "batcher": {"requests_per_s": 0.2, "requests_burst": 1, "max_concurrency": 2}}
+           "batcher": {"requests_per_s": 0.2, "requests_burst": 1, "max_concurrency": 2},
+           "metered": {"requests_per_s": 0.1, "requests_burst": 3, "tokens_per_min": 6000}}
 
 
 def admission_config(worker_url: str, **pool_admission) -> dict:
@@ -77,6 +79,25 @@ def test_the_openai_sdk_sees_a_rate_limit_error(tmp_path):
         with pytest.raises(openai.RateLimitError) as info:
             client.completions.create(model=MODEL, prompt="p", max_tokens=1)
         assert info.value.code == "requests_per_s"
+
+
+def test_answers_say_what_is_left_of_the_tenants_limits_as_openai_does(tmp_path):
+    with ExitStack() as stack:
+        worker = stack.enter_context(running(fake_worker_process("answer")))
+        gateway = start_gateway(stack, admission_config(worker.url), tmp_path)
+        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=KEYS["metered"], max_retries=0)
+        first = client.completions.with_raw_response.create(model=MODEL, prompt="p", max_tokens=10).headers
+        assert (first["x-ratelimit-limit-requests"], first["x-ratelimit-remaining-requests"]) == ("3", "2")
+        assert first["x-ratelimit-reset-requests"] == "10s"  # one request back at 0.1 a second
+        assert first["x-ratelimit-limit-tokens"] == "6000"
+        assert first["x-ratelimit-remaining-tokens"] == "5989"  # the prompt's estimate (1) + max_tokens (10)
+        assert first["x-ratelimit-reset-tokens"] == "110ms"  # 11 tokens back at 100 a second
+        with client.completions.with_streaming_response.create(model=MODEL, prompt="p", max_tokens=10,
+                                                               stream=True) as streamed:
+            assert streamed.headers["x-ratelimit-remaining-requests"] == "1"
+        unlimited = httpx.post(f"{gateway.url}/v1/completions", headers={"Authorization": f"Bearer {KEYS['plain']}"},
+                               json={"model": MODEL, "prompt": "p", "max_tokens": 1}, timeout=30)
+        assert unlimited.status_code == 200 and not any(h.startswith("x-ratelimit") for h in unlimited.headers)
 
 
 def test_a_batch_counts_once_against_requests_per_s_and_keeps_its_prompts_under_max_concurrency(tmp_path):
