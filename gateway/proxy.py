@@ -306,11 +306,12 @@ class ProxyEndpoint:
                 write = _body_writer(send)
                 try:
                     await watch.run(session.stream(held, write), own_task=True)
-                except asyncio.CancelledError:
-                    error = self._cut_short(watch, session)
+                except asyncio.CancelledError:  # (cut short just as the stream ended: nothing more to say)
+                    error = self._cut_short(watch, None if session.answer_sent else session)
                     if error is None:
                         raise
-                    await write(encode_event(error.body()) + DONE, False)
+                    if not session.answer_sent:
+                        await write(encode_event(error.body()) + DONE, False)
                 return
             try:
                 result = await watch.run(session.collect(held))

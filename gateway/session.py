@@ -122,6 +122,7 @@ class Session:
     end_reason: str | None = None  # why the answer stopped short, when it did
     error_status: int | None = None  # the status of the error the answer ended with
     ended: bool = False
+    answer_sent: bool = False  # stream(): the last write is out
     recorded: bool = False  # the endpoint has recorded its outcome (metrics, permit)
     attempt_span: Span | None = None  # the current attempt's CLIENT span, while tracing is on
 
@@ -236,6 +237,7 @@ class Session:
             last = [encode_event(error.body())]
         last.append(DONE)
         await write(b"".join(last), False)
+        self.answer_sent = True
 
     async def collect(self, held: list[SseEvent]) -> dict[str, Any]:
         """Run to the end and build a non-streaming OpenAI response (end() is the caller's, once the
