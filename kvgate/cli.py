@@ -108,6 +108,9 @@ def _add_worker(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout-keep-alive", dest="timeout_keep_alive_s", type=float, metavar="SECONDS",
                    help="close idle keep-alive connections after this long (default: 15; keep it above the "
                         "gateway's idle pool expiry)")
+    p.add_argument("--shutdown-grace", dest="shutdown_grace_s", type=float, metavar="SECONDS",
+                   help="on SIGTERM, how long requests in flight may take to finish before they are cut (a "
+                        "gateway continues a cut stream on another worker; default: 25)")
     p.add_argument("--served-model-name", metavar="NAME", help="model name clients use (default: from the model)")
     p.add_argument("--max-model-len", type=_positive_int, help="context length (default: the model's)")
     p.add_argument("--device", help="torch device, e.g. cpu or cuda:0 (default: cuda when present)")

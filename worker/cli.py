@@ -44,6 +44,9 @@ SIM_DEFAULT_MAX_MODEL_LEN = 32768
 # to workers (gateway/upstream_http.py KEEPALIVE_EXPIRY_S, at most 4 s), so that the gateway, not
 # the worker, closes them: a request sent on a connection the worker is closing at that moment fails.
 DEFAULT_TIMEOUT_KEEP_ALIVE_S = 15.0
+# on SIGTERM: what is still running then is cut, and a gateway continues it on another worker (within a
+# Kubernetes pod's default 30 s termination grace)
+DEFAULT_SHUTDOWN_GRACE_S = 25.0
 TRACING_SERVICE_NAME = "kvgate-worker"
 
 
@@ -132,12 +135,16 @@ def build_state(executor: Executor, tokenizer: ModelTokenizer, model_dir: Path, 
 
 
 def uvicorn_config(app, args: argparse.Namespace) -> uvicorn.Config:
-    """The HTTP server's settings: listen address and the idle keep-alive timeout (--timeout-keep-alive)."""
+    """The HTTP server's settings: listen address, the idle keep-alive timeout (--timeout-keep-alive) and
+    how long requests in flight may finish once it is told to stop (--shutdown-grace)."""
     timeout_keep_alive_s = getattr(args, "timeout_keep_alive_s", None)  # None where the parser lacks it
     if timeout_keep_alive_s is None:
         timeout_keep_alive_s = DEFAULT_TIMEOUT_KEEP_ALIVE_S
-    return uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5,
-                          timeout_keep_alive=timeout_keep_alive_s)
+    shutdown_grace_s = getattr(args, "shutdown_grace_s", None)
+    if shutdown_grace_s is None:
+        shutdown_grace_s = DEFAULT_SHUTDOWN_GRACE_S
+    return uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                          timeout_graceful_shutdown=shutdown_grace_s, timeout_keep_alive=timeout_keep_alive_s)
 
 
 def serve(server: uvicorn.Server, engine: AsyncEngine) -> int:

@@ -1,16 +1,20 @@
-"""`kvgate worker` options as worker/cli.py turns them into servers: uvicorn's keep-alive timeout, and where
-the KV-event sockets bind."""
+"""`kvgate worker` options as worker/cli.py turns them into servers: uvicorn's keep-alive timeout and shutdown
+grace (a stream under way finishes after SIGTERM), and where the KV-event sockets bind."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import signal
 
+import httpx
 import pytest
 from starlette.applications import Starlette
 
 from kvgate.cli import build_parser
 from tests.conftest import free_port_pair
-from worker.cli import DEFAULT_TIMEOUT_KEEP_ALIVE_S, _build_publisher, uvicorn_config
+from tests.processes import running, worker_process
+from worker.cli import DEFAULT_SHUTDOWN_GRACE_S, DEFAULT_TIMEOUT_KEEP_ALIVE_S, _build_publisher, uvicorn_config
 from worker.kv_publisher import bind_endpoint, is_loopback
 
 GATEWAY_MAX_IDLE_S = 4.0  # the longest the gateway keeps an idle connection to a worker (gateway/upstream_http.py)
@@ -58,3 +62,28 @@ def test_no_kv_events_endpoint_publishes_nothing():
 def test_kv_events_bind_where_the_endpoint_says_and_only_a_bare_port_defaults_to_loopback(spec, endpoint, loopback):
     assert bind_endpoint(spec) == endpoint
     assert is_loopback(endpoint) is loopback
+
+
+def test_the_shutdown_grace_reaches_uvicorn():
+    assert uvicorn_config(Starlette(), parsed_worker_args()).timeout_graceful_shutdown == DEFAULT_SHUTDOWN_GRACE_S
+    assert uvicorn_config(Starlette(), parsed_worker_args("--shutdown-grace", "3")).timeout_graceful_shutdown == 3.0
+
+
+@pytest.mark.slow
+def test_a_worker_told_to_stop_finishes_the_streams_it_serves(tiny_llama_dir):
+    """SIGTERM mid-answer: no new connections, but the answer under way streams to its end."""
+    with running(worker_process(tiny_llama_dir, "--served-model-name", "tiny")) as worker:
+        body = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 48, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", f"{worker.url}/v1/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            worker.proc.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line.startswith("data: ")]
+        chunks = [json.loads(line.removeprefix("data: ")) for line in [first, *rest[:-1]]]
+        assert rest[-1] == "data: [DONE]"
+        assert chunks[-1]["usage"]["completion_tokens"] == 48
+        assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+        assert worker.proc.wait(30) in (0, -signal.SIGTERM)
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{worker.url}/health", timeout=2)
