@@ -9,6 +9,8 @@ others are told their client left (each ends as 499) and the client gets that pr
 message naming the prompt. A streamed batch starts once every prompt's stream has started; chunks then
 go out as they come, rewritten to the batch's id and index. A prompt whose worker fails mid-answer and
 cannot be continued ends its part with the error event it would have streamed alone; the others go on.
+A batch still running when a stopping gateway's grace runs out ends as each of its prompts then does
+(gateway/shutdown.py): a 503 before the answer starts, else each prompt's error event in the stream.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
+from gateway.shutdown import Shutdown, shutdown_error
 from gateway.sse import DONE, SseParser, compact_json, encode_event
 from kvgate.api_error import ApiError
 from kvgate.json_body import dump_json
@@ -68,9 +71,11 @@ class Batch:
     """One batched request across its prompts' requests. run() answers the client, once."""
 
     def __init__(self, endpoint: Callable[[Scope, Receive, Send], Awaitable[None]], scope: Scope, body: dict[str, Any],
-                 prompts: list[Any], tenant_in_flight: int | None = None) -> None:
-        """tenant_in_flight: the tenant's requests allowed at once, if limited (the batch keeps under it)."""
+                 prompts: list[Any], tenant_in_flight: int | None = None, shutdown: Shutdown | None = None) -> None:
+        """tenant_in_flight: the tenant's requests allowed at once, if limited (the batch keeps under it);
+        shutdown: the endpoint's, whose cancellation of the batch ends its prompts as it ends requests."""
         self.endpoint = endpoint
+        self.shutdown = shutdown or Shutdown()
         self.scope = scope
         self.body = body
         self.prompts = prompts
@@ -89,21 +94,37 @@ class Batch:
     async def run(self, receive: Receive, send: Send) -> None:
         tasks = [asyncio.create_task(self._serve(part)) for part in self.parts]
         watcher = asyncio.create_task(self._watch(receive))
+        answer = asyncio.ensure_future(self._answer(send))
         try:
-            failed = await self._wait_started()
-            if failed is not None:
-                self.abort.set()
-                await self._send_error(failed, send)
-            elif self.stream:
-                await self._stream(send)
-            else:
-                await self._collect(send)
+            try:
+                await asyncio.shield(answer)
+            except asyncio.CancelledError:
+                if not self.shutdown.started:
+                    answer.cancel()
+                    raise
+                # the server's grace ran out: each prompt ends as a request of its own then does, and the
+                # batch answers from what they sent, as ever
+                asyncio.current_task().uncancel()
+                if not answer.done():
+                    for task in tasks:
+                        task.cancel()
+                await answer
         finally:
             self.abort.set()  # parts still running (an error, or the client left) end as their client gone
             watcher.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             if self.record is not None:
                 self.record["prompts"] = [part.record for part in self.parts]
+
+    async def _answer(self, send: Send) -> None:
+        failed = await self._wait_started()
+        if failed is not None:
+            self.abort.set()
+            await self._send_error(failed, send)
+        elif self.stream:
+            await self._stream(send)
+        else:
+            await self._collect(send)
 
     # -- the parts ---------------------------------------------------------------------------
 
@@ -134,7 +155,11 @@ class Batch:
         try:
             async with self.slots:
                 if not self.abort.is_set():  # else the batch has ended: this prompt is not sent
-                    await self.endpoint(scope, receive, send)
+                    await self.endpoint(scope, receive, send)  # (which answers a shutdown's cancellation itself)
+        except asyncio.CancelledError:  # while waiting its turn
+            if not self.shutdown.started:
+                raise
+            await shutdown_error().response()(scope, receive, send)
         finally:
             if not answered:  # ended without a whole answer (a bug the endpoint did not catch)
                 self.events.put_nowait((part, {"type": "http.response.body", "body": b"", "more_body": False}))

@@ -105,7 +105,8 @@ class ProxyEndpoint:
                     record["model"] = model_label
                 prompts = batch_prompts(body["prompt"]) if self.kind == "completion" else None
                 if prompts is not None:  # each prompt a request of its own, through this endpoint
-                    await Batch(self, scope, body, prompts, self.admission.allowed_in_flight(tenant)).run(receive, send)
+                    await Batch(self, scope, body, prompts, self.admission.allowed_in_flight(tenant),
+                                self.shutdown).run(receive, send)
                     return
                 metrics.requests_in_flight += 1
                 in_flight = True

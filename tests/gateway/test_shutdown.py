@@ -112,3 +112,40 @@ def test_a_request_still_waiting_for_its_worker_gets_a_503_to_retry(tmp_path):
         response = result["value"]
         assert response.status_code == 503 and response.json()["error"]["code"] == "gateway_shutdown"
         assert [r["outcome"] for r in log_lines(gateway)] == ["gateway_shutdown"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["collected", "streamed"])
+def test_a_batch_still_running_when_the_grace_ends_ends_as_its_prompts_do(tmp_path, stream):
+    """Its prompts end as requests of their own would (one waiting its turn under the tenant's
+    max_concurrency too): a 503 naming a prompt before the answer starts, each prompt's error event in a
+    stream; never a cut connection."""
+    with ExitStack() as stack:
+        worker = stack.enter_context(running(fake_worker_process("trickle")))
+        config = gateway_config([worker_entry("w0", worker.url)], None, gateway={"shutdown_grace_s": 1.0},
+                                tenants={"dev": {"max_concurrency": 2 if stream else 1}})
+        gateway = start_gateway(stack, config, tmp_path)
+        batch = {**BODY, "prompt": ["a", "b"] if stream else ["a", "b", "c"], "stream": stream}
+
+        def send_batch():
+            if not stream:
+                return httpx.post(f"{gateway.url}/v1/completions", headers=AUTH, json=batch, timeout=30)
+            with httpx.stream("POST", f"{gateway.url}/v1/completions", headers=AUTH, json=batch,
+                              timeout=30) as response:
+                return [line for line in response.iter_lines() if line]
+
+        waiting, result = in_background(send_batch)
+        time.sleep(0.8)
+        gateway.proc.send_signal(signal.SIGTERM)
+        waiting.join(15)
+        assert gateway.proc.wait(15) in (0, -signal.SIGTERM)
+        if stream:
+            lines = result["value"]
+            errors = [json.loads(line.removeprefix("data: "))["error"] for line in lines if '"error"' in line]
+            assert [e["code"] for e in errors] == ["gateway_shutdown", "gateway_shutdown"]
+            assert lines[-1] == "data: [DONE]"
+        else:
+            response = result["value"]
+            assert response.status_code == 503 and response.headers["retry-after"] == "1"
+            error = response.json()["error"]
+            assert error["code"] == "gateway_shutdown" and error["message"].startswith("prompt ")
+        assert "Traceback" not in gateway.output()
