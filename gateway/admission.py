@@ -52,6 +52,11 @@ _MESSAGES = {
 }
 
 
+# OpenAI's rate-limit headers: (limit, remaining, reset) of each limit
+_REQUEST_LIMIT_HEADERS = tuple(f"x-ratelimit-{what}-requests".encode() for what in ("limit", "remaining", "reset"))
+_TOKEN_LIMIT_HEADERS = tuple(f"x-ratelimit-{what}-tokens".encode() for what in ("limit", "remaining", "reset"))
+
+
 class Refused(ApiError):
     """An admission refusal (429 or 503): its code is the reason; no worker saw the request."""
 
@@ -114,14 +119,13 @@ class Permit:
             return []
         tenant = grant.tenant
         headers: list[tuple[bytes, bytes]] = []
-        for kind, spec, left in (("requests", tenant.request_bucket, grant.requests_left),
-                                 ("tokens", tenant.token_bucket, grant.tokens_left)):
+        for names, spec, left in ((_REQUEST_LIMIT_HEADERS, tenant.request_bucket, grant.requests_left),
+                                  (_TOKEN_LIMIT_HEADERS, tenant.token_bucket, grant.tokens_left)):
             if spec is None or left is None:
                 continue
-            headers += [(f"x-ratelimit-limit-{kind}".encode(), b"%d" % spec.burst),
-                        (f"x-ratelimit-remaining-{kind}".encode(), b"%d" % max(0, math.floor(left))),
-                        (f"x-ratelimit-reset-{kind}".encode(),
-                         duration_text(max(0.0, spec.burst - left) / spec.rate_per_s).encode())]
+            limit, remaining, reset = names
+            headers += [(limit, b"%d" % spec.burst), (remaining, b"%d" % max(0, math.floor(left))),
+                        (reset, duration_text(max(0.0, spec.burst - left) / spec.rate_per_s).encode())]
         return headers
 
     def end(self, *, queue_delay_s: float | None, dropped: bool, usage: Mapping[str, Any] | None,
