@@ -53,7 +53,7 @@ class GatewayCore:
         self.telemetry = Telemetry.from_config(config)
         self.rng = rng or random.Random()
         self.upstream = UpstreamClient()  # completions, health checks and metrics scrapes
-        self.shutdown = Shutdown()  # begun by the server as it stops (gateway/cli.py)
+        self.shutdown = Shutdown()  # begun by the server as it stops (gateway/server.py)
         self.offload = Offloader(config.limits.offload_min_bytes)  # a large request's parse, tokenizing, encoding
         self.tokenizers = _routing_tokenizers(config, tokenizer_dirs or {})
         max_model_lens = prompt_token_limits(config)

@@ -54,9 +54,9 @@ from starlette.routing import Route
 from uvicorn.server import STARTUP_FAILURE
 
 from gateway.app import build_app
-from gateway.cli import GatewayServer, configure_logging, listen_url, prepare_process, run_server, server_config
 from gateway.core import GatewayCore
 from gateway.routing_config import routing_rules
+from gateway.server import GatewayServer, configure_logging, listen_url, prepare_process, run_server, server_config
 from kvgate.config import KvgateConfig
 from kvgate.supervisor import ChildSpec, Supervisor
 

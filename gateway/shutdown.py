@@ -2,7 +2,7 @@
 once, requests in flight get `gateway.shutdown_grace_s` to finish, and one the server cancels after
 that ends with a clear error, not a cut connection: a 503 `gateway_shutdown` (Retry-After: another
 replica can serve it), or for a stream already under way that error as its last event and [DONE].
-Shutdown says it has begun: the server (gateway/cli.py) begins it before it stops, so the completion
+Shutdown says it has begun: the server (gateway/server.py) begins it before it stops, so the completion
 endpoints (gateway/proxy.py) tell its cancellation from any other."""
 
 from __future__ import annotations
