@@ -7,7 +7,7 @@ parse or tokenizing. Tokenizing is the costliest per byte (~0.4 us a byte of tex
 so it sets the default. Above it, the work must also let go of the interpreter lock while it
 runs, or the loop waits for the thread instead: kvgate.json_body parses and encodes with
 `yielding=True`, tokenizers encode through `encode_releasing_gil`. The gateway also shortens
-the interpreter's switch interval (gateway/cli.py), so the loop waits less for the lock.
+the interpreter's switch interval (gateway/server.py), so the loop waits less for the lock.
 """
 
 from __future__ import annotations

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import platform
 import re
+import shlex
 import subprocess
 from pathlib import Path
+from typing import Sequence
 
-DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+from loadtest.paths import DOC_PATH
 
 
 def machine_description() -> str:
@@ -39,6 +41,19 @@ def gpu_description() -> str | None:
     return out.stdout.strip() or None
 
 
+_SECTION = re.compile(r"<!-- bench:([A-Za-z0-9_.-]+):start -->(.*?)<!-- bench:\1:end -->", re.S)
+_COMMAND = re.compile(r"^(?:- )?Command: `([^`]+)`", re.M)
+
+
+def section_commands(doc: str) -> dict[str, str | None]:
+    """Each bench section of doc -> the command its first `Command:` line shows (None where it shows none)."""
+    commands = {}
+    for section in _SECTION.finditer(doc):
+        command = _COMMAND.search(section.group(2))
+        commands[section.group(1)] = command.group(1) if command else None
+    return commands
+
+
 # a flag that only says where a run's figures are written: a section's command shows how they were measured
 _DOC_ONLY_FLAGS = re.compile(r"(?<=\S) --no-doc(?=[ `])")
 
@@ -59,3 +74,13 @@ def replace_section(name: str, markdown: str, doc_path: Path = DOC_PATH) -> None
     else:
         text = text.rstrip("\n") + "\n\n" + body + "\n"
     doc_path.write_text(text)
+
+
+def number(value: float | None, digits: int = 2) -> str:
+    """A figure with thousands separators; "-" where there is none."""
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def bench_command(name: str, argv: Sequence[str] = ()) -> str:
+    """The command a section shows as the one that regenerated it: `kvgate bench NAME ARGS...`."""
+    return shlex.join(["kvgate", "bench", name, *argv])

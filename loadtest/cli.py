@@ -1,4 +1,5 @@
-"""`kvgate bench ARGS...` / `python -m loadtest ARGS...`: run, fleet and report subcommands."""
+"""`kvgate bench ARGS...` / `python -m loadtest ARGS...`: the run, fleet and report subcommands, `list` (the
+benchmarks: loadtest/benchmarks/__init__.py), and `NAME [ARGS...]`, which hands ARGS to benchmark NAME."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from loadtest import benchmarks
+from loadtest.peers import sglang
 from loadtest.driver import DriverConfig
 from loadtest.engines import ENGINES, worker_block_size
 from loadtest.external_router import parse_external_command
@@ -26,7 +29,9 @@ if TYPE_CHECKING:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvgate bench", description="kvgate load tests and benchmarks.",
-                                     epilog="`kvgate bench SUBCOMMAND --help` lists a subcommand's options.")
+                                     epilog="`kvgate bench SUBCOMMAND --help` lists a subcommand's options; "
+                                     "`kvgate bench list` the benchmarks (" + ", ".join(benchmarks.BY_NAME)
+                                     + "), and `kvgate bench NAME --help` one benchmark's.")
     sub = parser.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
     run = _add_subcommand(sub, "run", "one workload against an OpenAI-compatible URL; exits 1 when no "
                           "request succeeded")
@@ -51,8 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--external-command", action="append", default=[], metavar="NAME=COMMAND",
                        help="also run through a router this run starts over its workers (repeatable): COMMAND "
                             "with {worker_urls} (one word per worker URL), {port} and {metrics_port} filled in, "
-                            "e.g. 'results/sglang-venv/bin/python -m sglang_router.launch_router --worker-urls "
-                            "{worker_urls} --policy cache_aware --port {port} --prometheus-port {metrics_port}'")
+                            f"e.g. '{sglang.external_command('cache_aware').command}'")
     fleet.add_argument("--api-key", help="API key for --external routers")
     fleet.add_argument("--model", help="model name to send (default: what the workers serve)")
     fleet.add_argument("--fault", action="append", default=[], metavar="SPEC",
@@ -83,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--title", default="kvgate load test")
     report.add_argument("--bench-doc", metavar="NAME", help="write section NAME of --doc from these results")
     report.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
+    _add_subcommand(sub, "list", "the benchmarks: each one's docs/benchmarks.md sections, what it needs, how long "
+                    "it takes")
     return parser
 
 
@@ -124,7 +130,12 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in benchmarks.BY_NAME:
+        return benchmarks.run(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
+    if args.subcommand == "list":
+        print(benchmarks.listing())
+        return 0
     try:
         handler = {"run": _run_one, "fleet": _run_fleet, "report": _report}[args.subcommand]
         return handler(args, _command(argv))

@@ -2,7 +2,7 @@
 (command line, environment, CPU) and what the gateway is told about it (block size).
 
 sim: `kvgate worker --executor sim` (a timing model, unpinned, as before); kvgate: `kvgate worker` with the
-torch executor; vllm: vLLM's CPU build from its venv under results/ (loadtest/vllm_workers.py). Real
+torch executor; vllm: vLLM's CPU build from its venv under results/ (loadtest/peers/vllm.py). Real
 engines are pinned: worker i on the i-th CPU this process may use (round robin past the last one).
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from loadtest.procs import default_model_dir
-from loadtest.vllm_workers import (VLLM_BLOCK_SIZE, VLLM_START_TIMEOUT_S, ensure_vllm_venv, read_model_max_len,
+from loadtest.peers.vllm import (VLLM_BLOCK_SIZE, VLLM_START_TIMEOUT_S, ensure_vllm_venv, read_model_max_len,
                                    vllm_argv, vllm_env)
 
 ENGINES = ("sim", "kvgate", "vllm")

@@ -22,7 +22,8 @@ from typing import Any, Callable, Sequence
 import httpx
 import yaml
 
-from loadtest.balancer import APT_INSTALL, balancer_argv, balancer_conf, nginx_available
+from loadtest.peers import NGINX
+from loadtest.peers.nginx import balancer_argv, balancer_conf
 from loadtest.engines import ENGINES, EXECUTORS, KVGATE_WORKER, Engine, resolve_engine, worker_cpu, worker_launch
 from loadtest.external_router import ExternalCommand
 from loadtest.faults import FaultActions, FaultSpec, set_proxy_fault, shutdown_redis
@@ -235,8 +236,8 @@ class Fleet(Started):
             self.children[name].wait_healthy(self.config.health_timeout_s)
         if replicas == 1:
             return f"http://127.0.0.1:{port}"
-        if not nginx_available():
-            raise RuntimeError(f"--gateway-replicas needs nginx as its balancer: {APT_INSTALL}")
+        if not NGINX.present():
+            raise RuntimeError(f"--gateway-replicas needs nginx as its balancer: {NGINX.install}")
         conf = (self.run_dir / "balancer" / "nginx.conf").resolve()  # nginx takes paths relative to its prefix
         conf.parent.mkdir(parents=True, exist_ok=True)
         conf.write_text(balancer_conf(port, ports, conf.parent))

@@ -18,6 +18,7 @@ from typing import Callable, Collection, Mapping, Sequence
 import httpx
 
 from kvgate.kv_endpoints import replay_port
+from loadtest.paths import ROOT
 
 
 class ChildProcess:
@@ -211,7 +212,12 @@ def default_model_dir() -> Path:
     """The default model's folder (an HF Llama folder: tokenizer.json, chat template), converted once
     by the worker's own command: load tests meet the worker package only as a program."""
     argv = [sys.executable, "-m", "worker.model.default_model"]
-    out = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=Path(__file__).resolve().parents[1])
+    out = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=ROOT)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed:\n{out.stderr[-3000:]}")
     return Path(out.stdout.strip().splitlines()[-1])
+
+
+def pin(cpus: set[int] | None) -> list[str]:
+    """`taskset -c CPUS` to put before a command line; nothing when cpus is None."""
+    return ["taskset", "-c", ",".join(map(str, sorted(cpus)))] if cpus else []

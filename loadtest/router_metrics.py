@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from loadtest.overload_metrics import parse_samples
+from loadtest.prometheus_text import parse_samples
 
 PREDICTED = "kvgate_router_predicted_cached_tokens_total"
 REPORTED = "kvgate_router_reported_cached_tokens_total"

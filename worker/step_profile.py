@@ -1,4 +1,4 @@
-"""Timers for a profile of the engine's steps (loadtest/engine_profile.py drives it): each part of a
+"""Timers for a profile of the engine's steps (loadtest/benchmarks/engine_profile.py drives it): each part of a
 step wrapped in a wall-clock timer (CPU ops are synchronous), undone when the caller's ExitStack closes.
 Profiling only: nothing here runs in a serving worker."""
 
@@ -90,7 +90,7 @@ def instrument(stack: ExitStack, engine: Engine, executor: TorchExecutor, timers
 
 def decode_weight_bytes(model: nn.Module) -> int:
     """The bytes of weights a decode step reads: its memory-bound floor at batch 1 is this over the
-    memory bandwidth (loadtest/engine_side_by_side.py measures that). Packed linears count their packed
+    memory bandwidth (loadtest/benchmarks/engine_side_by_side.py measures that). Packed linears count their packed
     copy; the embedding matrix counts only where lm_head reads it (tied and not packed): a step reads
     one row of it otherwise."""
     embedding = model.model.embed_tokens.weight

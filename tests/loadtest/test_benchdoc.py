@@ -22,15 +22,15 @@ def test_a_section_replaces_its_own_markers_only_and_a_new_one_is_appended(tmp_p
 
 def test_a_sections_command_drops_no_doc_and_keeps_every_other_flag(tmp_path):
     doc = tmp_path / "benchmarks.md"
-    markdown = ("Command: `python -m loadtest.bench_fleet_seeds --engine sim --no-doc`\n"
-                "- Command: `python -m loadtest.bench_real_engines --no-doc --rounds 4`\n"
+    markdown = ("Command: `python -m loadtest.benchmarks.fleet_seeds --engine sim --no-doc`\n"
+                "- Command: `python -m loadtest.benchmarks.real_engines --no-doc --rounds 4`\n"
                 "Other runs were written with --no-doc as well.")
 
     replace_section("s", markdown, doc)
 
     text = doc.read_text()
-    assert "Command: `python -m loadtest.bench_fleet_seeds --engine sim`" in text
-    assert "- Command: `python -m loadtest.bench_real_engines --rounds 4`" in text
+    assert "Command: `python -m loadtest.benchmarks.fleet_seeds --engine sim`" in text
+    assert "- Command: `python -m loadtest.benchmarks.real_engines --rounds 4`" in text
     assert "Other runs were written with --no-doc as well." in text  # prose is left alone
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from loadtest.balancer import nginx_available
+from loadtest.peers import NGINX
 from loadtest.driver import DriverConfig
 from loadtest.fleet import FleetConfig, run_fleet
 from loadtest.runner import RunPlan
@@ -137,7 +137,7 @@ def test_error_fault_through_a_proxy_shows_client_errors_then_recovers(tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not nginx_available(), reason="nginx is not installed (apt-get install -y nginx-light)")
+@pytest.mark.skipif(not NGINX.present(), reason=f"nginx is not installed ({NGINX.install})")
 def test_gateway_replicas_serve_behind_a_round_robin_balancer(tmp_path):
     """--gateway-replicas 2: two gateways (the stand-in), each with its own config, behind nginx; every
     request is answered through the balancer."""
