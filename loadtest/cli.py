@@ -9,15 +9,15 @@ import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence, TYPE_CHECKING
 
 from loadtest import benchmarks
-from loadtest.peers import sglang
 from loadtest.driver import DriverConfig
 from loadtest.engines import ENGINES, worker_block_size
 from loadtest.external_router import parse_external_command
 from loadtest.faults import parse_fault
 from loadtest.oracle import DEFAULT_ORACLE_BLOCK_SIZE, oracle_hit_rate
+from loadtest.peers import sglang
 from loadtest.report import comparison_table, load_result, write_benchmarks_section, write_report, write_result
 from loadtest.runner import RunPlan, execute
 from loadtest.slo import Slo

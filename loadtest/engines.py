@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from loadtest.procs import default_model_dir
 from loadtest.peers.vllm import (VLLM_BLOCK_SIZE, VLLM_START_TIMEOUT_S, ensure_vllm_venv, read_model_max_len,
-                                   vllm_argv, vllm_env)
+                                 vllm_argv, vllm_env)
+from loadtest.procs import default_model_dir
 
 ENGINES = ("sim", "kvgate", "vllm")
 EXECUTORS = {"sim": "sim", "kvgate": "torch", "vllm": "vllm"}  # what result files and reports call them

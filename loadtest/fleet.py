@@ -22,11 +22,11 @@ from typing import Any, Callable, Sequence
 import httpx
 import yaml
 
-from loadtest.peers import NGINX
-from loadtest.peers.nginx import balancer_argv, balancer_conf
-from loadtest.engines import ENGINES, EXECUTORS, KVGATE_WORKER, Engine, resolve_engine, worker_cpu, worker_launch
+from loadtest.engines import ENGINES, EXECUTORS, Engine, KVGATE_WORKER, resolve_engine, worker_cpu, worker_launch
 from loadtest.external_router import ExternalCommand
 from loadtest.faults import FaultActions, FaultSpec, set_proxy_fault, shutdown_redis
+from loadtest.peers import NGINX
+from loadtest.peers.nginx import balancer_argv, balancer_conf
 from loadtest.procs import ChildProcess, Started, free_port, port_is_free
 from loadtest.router_metrics import router_stats
 from loadtest.runner import RunPlan, execute

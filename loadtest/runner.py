@@ -8,8 +8,8 @@ import time
 from typing import Any, Sequence
 
 from loadtest.driver import DriverConfig, DriverRun, run_load
-from loadtest.oracle import oracle_hit_rate, static_partition_hit_rate
 from loadtest.faults import FaultActions, FaultSpec, fault_report, run_schedule, scrape_counters
+from loadtest.oracle import oracle_hit_rate, static_partition_hit_rate
 from loadtest.report import build_result
 from loadtest.slo import Slo, summarize
 from loadtest.types import RequestSpec

@@ -15,7 +15,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Sequence
 
-from loadtest.peers import LITELLM, NGINX, NGINX_ECHO, REDIS_SERVER, SGLANG_ROUTER, VALGRIND, VLLM, WRK, Peer
+from loadtest.peers import LITELLM, NGINX, NGINX_ECHO, Peer, REDIS_SERVER, SGLANG_ROUTER, VALGRIND, VLLM, WRK
 
 DEFAULT_MODEL = "the default model (converted on first use)"
 

@@ -27,17 +27,18 @@ import httpx
 
 from loadtest.benchdoc import bench_command, machine_description, replace_section
 from loadtest.driver import DriverConfig
+from loadtest.overload.fleet import ADMISSION_OFF, GatewayVariant, OverloadFleet, SIM_TIMING_X4, TenantSpec
 from loadtest.overload.metrics import GaugeSampler, queue_wait_by_priority, summarize_gauges
-from loadtest.overload.fleet import ADMISSION_OFF, SIM_TIMING_X4, GatewayVariant, OverloadFleet, TenantSpec
 from loadtest.overload.probe import drive
 from loadtest.overload.report import OFF, ON, judge, section_markdown
 from loadtest.overload.scenarios import (RequestShape, Scenario, build_specs, capacity_rps, closed_loop_specs,
                                          deadline_figures, default_scenarios, in_window, marker_name, rss_growth,
                                          tenant_figures)
+from loadtest.paths import ROOT
+from loadtest.paths import RESULTS_DIR
+from loadtest.procs import process_cpu_s
 from loadtest.recording_proxy import fetch_arrivals
 from loadtest.slo import Slo, stats
-from loadtest.paths import ROOT
-from loadtest.procs import process_cpu_s
 
 SECTION = "admission-overload"
 TENANTS = {"std-a": TenantSpec("std-a"), "std-b": TenantSpec("std-b"), "crit": TenantSpec("crit", "critical")}
@@ -60,7 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-pin", action="store_true",
                    help="do not pin the gateways to one CPU and the workers, proxy and load generator to the others")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=ROOT / "results" / "bench_overload.json")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / "bench_overload.json")
     p.add_argument("--from-json", type=Path, default=None,
                    help="no runs: judge a saved result again and write its section (unless --no-doc)")
     args = p.parse_args(argv)

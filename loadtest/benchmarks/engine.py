@@ -21,8 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from loadtest.benchdoc import bench_command, gpu_description, machine_description, replace_section
-from loadtest.stats import percentile
 from loadtest.paths import RESULTS_DIR
+from loadtest.stats import percentile
 from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine, RequestOutput
 from worker.engine.sampling_params import SamplingParams

@@ -36,9 +36,10 @@ import httpx
 
 from loadtest.benchdoc import bench_command, machine_description, replace_section
 from loadtest.engines import DEFAULT_SERVED_MODEL_NAME, resolve_engine, worker_launch
+from loadtest.harness.machine_limits import (SGEMM_SIZE, measured_fp32_peak_flops, memory_bandwidth_bytes_s,
+                                             nominal_fp32_peak_flops)
 from loadtest.paths import RESULTS_DIR
 from loadtest.procs import ChildProcess, default_model_dir, free_port
-from loadtest.harness.machine_limits import SGEMM_SIZE, measured_fp32_peak_flops, memory_bandwidth_bytes_s, nominal_fp32_peak_flops
 
 SECTION = "engine-side-by-side"
 CONCURRENCIES = (1, 8, 32)
@@ -112,7 +113,6 @@ def measure_engine(kind: str, log_dir: Path, quick: bool, seed: int) -> dict[str
         return {"engine": kind, "runs": runs}
     finally:
         child.stop(timeout_s=30.0)
-
 
 
 def model_figures(model_dir: Path) -> dict[str, float]:

@@ -30,15 +30,15 @@ import yaml
 
 from loadtest.benchdoc import bench_command
 from loadtest.harness.gateway import gateway_argv
-from loadtest.prometheus_text import parse_samples
-from loadtest.procs import ChildProcess, default_model_dir, free_port
-from loadtest.sse import StreamReader
+from loadtest.paths import RESULTS_DIR
 from loadtest.peers.vllm import VLLM_BLOCK_SIZE, VllmWorker, ensure_vllm_venv
-from loadtest.paths import ROOT
+from loadtest.procs import ChildProcess, default_model_dir, free_port
+from loadtest.prometheus_text import parse_samples
+from loadtest.sse import StreamReader
 
 SECTION = "failover-vllm"
-RESULTS_PATH = ROOT / "results" / "bench_failover_vllm.json"
-LOG_DIR = ROOT / "results" / "bench_failover_vllm"
+RESULTS_PATH = RESULTS_DIR / "bench_failover_vllm.json"
+LOG_DIR = RESULTS_DIR / "bench_failover_vllm"
 MODEL = "SmolLM2-135M-Instruct"
 POOL = "default"
 API_KEY = "bench-failover-key"

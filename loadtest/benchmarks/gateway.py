@@ -18,7 +18,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,13 +28,16 @@ from typing import Any
 import yaml
 
 from loadtest.benchdoc import bench_command
+from loadtest.harness import load_jobs
+from loadtest.harness.fake_worker import run_fake_worker
+from loadtest.harness.gateway import (API_KEY, WIDE_ADMISSION, child, cpu_placement, gateway_argv, gateway_config,
+                                      raise_fd_limit)
+from loadtest.harness.raw_http import Connection, Pool, check_answer, completion_body, http_request
+from loadtest.paths import RESULTS_DIR
 from loadtest.procs import free_port, process_cpu_s
 from loadtest.stats import percentile
-from loadtest.paths import RESULTS_DIR, ROOT
-from loadtest.harness.fake_worker import run_fake_worker
-from loadtest.harness.gateway import API_KEY, WIDE_ADMISSION, _pinned, child, cpu_placement, gateway_argv, gateway_config, raise_fd_limit
-from loadtest.harness.raw_http import Connection, Pool, check_answer, completion_body, http_request
 
+MODULE = "loadtest.benchmarks.gateway"  # its load-generator jobs run as `python -m MODULE --job SPEC`
 RESULTS_PATH = RESULTS_DIR / "bench_gateway.json"
 # Added latency is reported, not judged here: on a shared 2-core machine an absolute figure (once "p99 <= 5 ms
 # at 70% of saturation") measured the host, not the gateway (issue #17). It is judged as a ratio against a peer
@@ -45,9 +47,6 @@ LOAD_FRACTION = 0.7
 LATENCY_ROUNDS = 5  # each: saturation now, then gateway and direct at 70% of it; the figures are the median round
 OPEN_LOOP_CONNECTIONS = 64  # the load generator's connection pool in the latency phase (like wrk2's -c)
 WARMUP_REQUESTS = 20
-
-
-# -- the fake worker ----------------------------------------------------------------------------
 
 
 # -- the load generator (raw HTTP/1.1 over asyncio) ---------------------------------------------
@@ -178,27 +177,9 @@ JOBS = {"closed_loop": closed_loop, "open_loop": open_loop, "sequential_streams"
         "concurrent_streams": concurrent_streams}
 
 
-
 def run_job(job: str, **kwargs: Any) -> dict[str, Any]:
-    """Run one load-generator job in a fresh child process (its own CPU and event loop)."""
-    argv = [sys.executable, "-m", "loadtest.benchmarks.gateway", "--job", json.dumps({"job": job, **kwargs})]
-    out = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=ROOT,
-                         preexec_fn=_pinned(cpu_placement()[1]))
-    if out.returncode != 0:
-        raise RuntimeError(f"load generator job {job} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout)
-
-
-def job_main(spec: str) -> None:
-    import uvloop
-
-    raise_fd_limit()
-    kwargs = json.loads(spec)
-    job = JOBS[kwargs.pop("job")]
-    print(json.dumps(uvloop.run(job(**kwargs))))
-
-
-# -- processes ----------------------------------------------------------------------------------
+    """One load-generator job in a fresh child process (its own CPU and event loop)."""
+    return load_jobs.run(MODULE, job, **kwargs)
 
 
 # -- the run ------------------------------------------------------------------------------------
@@ -392,7 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fake-worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.job:
-        return job_main(args.job)
+        return load_jobs.job_main(JOBS, args.job)
     if args.fake_worker:
         return run_fake_worker(args.fake_worker)
     fd_limit = raise_fd_limit()

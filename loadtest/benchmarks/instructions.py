@@ -43,18 +43,19 @@ from pathlib import Path
 import httpx
 import yaml
 
-from loadtest.harness.gateway import API_KEY, MODEL, gateway_config
-from loadtest.harness.prompt_cells import CELLS, request_bodies, send, start_worker
-from loadtest.harness.gateway import gateway_config as prompt_cpu_gateway_config
 from loadtest.harness.fixed_upstream import PATH, request_body, start_nginx
-from loadtest.harness.proxies import floor_argv, floor_env
+from loadtest.harness.gateway import API_KEY, MODEL, gateway_config
+from loadtest.harness.gateway import gateway_config as prompt_cpu_gateway_config
+from loadtest.harness.prompt_cells import CELLS, request_bodies, send, start_worker
 from loadtest.harness.prompt_cells import CELL, LONG, SHORT
-from loadtest.procs import ChildProcess, free_port
+from loadtest.harness.proxies import floor_argv, floor_env
 from loadtest.harness.side_by_side import baseline_tree
 from loadtest.paths import ROOT
+from loadtest.paths import RESULTS_DIR
 from loadtest.peers import NGINX, NGINX_ECHO, VALGRIND, require
+from loadtest.procs import ChildProcess, free_port
 
-RESULTS_PATH = ROOT / "results" / "bench_instructions.json"
+RESULTS_PATH = RESULTS_DIR / "bench_instructions.json"
 WARMUP_REQUESTS = 50
 REQUESTS = 300  # measured on the proxy harness, a run
 PACED_REQUESTS = 20  # of each length with --paced (~30 s a run under callgrind)

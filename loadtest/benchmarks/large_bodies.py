@@ -22,7 +22,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,16 +33,18 @@ from typing import Any, Callable
 import yaml
 
 from loadtest.benchdoc import bench_command
+from loadtest.harness import load_jobs
 from loadtest.harness.gateway import API_KEY, MODEL, child, cpu_placement, gateway_argv, gateway_config, raise_fd_limit
 from loadtest.harness.raw_http import Connection, Pool, check_answer
+from loadtest.paths import RESULTS_DIR
 from loadtest.procs import default_model_dir, free_port, process_cpu_s
 from loadtest.sse import StreamReader
 from loadtest.stats import percentile
 from loadtest.text import seeded_text
-from loadtest.paths import ROOT
 
 SECTION = "large-bodies"
-RESULTS_PATH = ROOT / "results" / "bench_large_bodies.json"
+MODULE = "loadtest.benchmarks.large_bodies"  # its load-generator jobs run as `python -m MODULE --job SPEC`
+RESULTS_PATH = RESULTS_DIR / "bench_large_bodies.json"
 # the verdict, on the offloaded gateway: loaded TTFT p99 <= RATIO x quiet p99 + SLACK, nothing unexpected
 TARGET_P99_RATIO = 1.5
 TARGET_P99_SLACK_MS = 2.0
@@ -243,39 +244,17 @@ async def send_large(port: int, start_at: float, warmup_s: float, duration_s: fl
 JOBS = {"probe": probe, "large": send_large}
 
 
-def job_main(spec: str) -> None:
-    import uvloop
-
-    kwargs = json.loads(spec)
-    print(json.dumps(uvloop.run(JOBS[kwargs.pop("job")](**kwargs))))
-
-
 # -- the run ------------------------------------------------------------------------------------
-
-def _spawn(job: str, **kwargs: Any) -> subprocess.Popen:
-    """One load-generator job in a fresh child process on the load generator's CPUs."""
-    cpus = cpu_placement()[1]
-    argv = [sys.executable, "-m", "loadtest.benchmarks.large_bodies", "--job", json.dumps({"job": job, **kwargs})]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            preexec_fn=None if cpus is None else (lambda: os.sched_setaffinity(0, cpus)))
-
-
-def _collect(proc: subprocess.Popen, job: str) -> dict[str, Any]:
-    out, err = proc.communicate(timeout=600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"load generator job {job} failed:\n{err[-3000:]}")
-    return json.loads(out)
-
 
 def run_phase(port: int, pid: int, loaded: bool, duration_s: float, seed: int) -> dict[str, Any]:
     """Small streams for warm-up + duration_s (with the large senders beside them when loaded)."""
     spec = {"port": port, "start_at": time.time() + START_LEAD_S, "warmup_s": WARMUP_S, "duration_s": duration_s,
             "seed": seed}
     cpu_before = process_cpu_s(pid)
-    large = _spawn("large", **spec) if loaded else None
-    result = _collect(_spawn("probe", **spec), "probe")
+    large = load_jobs.spawn(MODULE, "large", **spec) if loaded else None
+    result = load_jobs.run(MODULE, "probe", **spec)
     if large is not None:
-        result["large"] = _collect(large, "large")
+        result["large"] = load_jobs.collect(large, "large")
     result["gateway_cpu_s"] = process_cpu_s(pid) - cpu_before
     return result
 
@@ -471,7 +450,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--job", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.job:
-        return job_main(args.job)
+        return load_jobs.job_main(JOBS, args.job)
     raise_fd_limit()
     tokenizer_dir = str(default_model_dir())
     worker_port = free_port()

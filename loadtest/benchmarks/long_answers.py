@@ -35,15 +35,16 @@ from typing import Any
 
 import httpx
 
+from loadtest.benchdoc import machine_description, replace_section
 from loadtest.harness import side_by_side
 from loadtest.harness.fake_worker import fake_worker_request
 from loadtest.harness.gateway import API_KEY, MODEL, cpu_placement, gateway_config
-from loadtest.benchdoc import machine_description, replace_section
-from loadtest.procs import ChildProcess, free_port, process_cpu_s
 from loadtest.paths import ROOT
+from loadtest.paths import RESULTS_DIR
+from loadtest.procs import ChildProcess, free_port, process_cpu_s
 
 SECTION = "long-answers"
-RESULTS_PATH = ROOT / "results" / "bench_long_answers.json"
+RESULTS_PATH = RESULTS_DIR / "bench_long_answers.json"
 SIZES = (1000, 8000, 32000)  # tokens an answer
 TOKENS_PER_CELL = 128_000
 EVENT_SIZES = (1 << 20, 4 << 20, 16 << 20)  # bytes of one tool-call event's arguments

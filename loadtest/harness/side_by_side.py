@@ -15,11 +15,10 @@ from typing import Any
 
 import yaml
 
-from loadtest.harness.gateway import API_KEY, cpu_placement
-from loadtest.procs import ChildProcess, free_port
 from loadtest.benchdoc import bench_command
+from loadtest.harness.gateway import API_KEY, cpu_placement
 from loadtest.paths import ROOT
-
+from loadtest.procs import ChildProcess, free_port
 
 
 def baseline_tree(rev: str, into: Path) -> Path:

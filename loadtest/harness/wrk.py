@@ -49,7 +49,6 @@ def parse_wrk(stdout: str) -> dict[str, Any]:
             "max_ms": raw["max_us"] / 1e3, "mean_ms": raw["mean_us"] / 1e3}
 
 
-
 def wrk_argv(port: int, script: Path, connections: int, duration_s: int, cpus: set[int] | None) -> list[str]:
     """One wrk thread with `connections` keep-alive connections, on cpus (taskset) when given."""
     return [*pin(cpus), "wrk", "-t", "1", "-c", str(connections), "-d", f"{duration_s}s", "--timeout", "10s",

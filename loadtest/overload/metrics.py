@@ -16,7 +16,6 @@ GAUGES = {"limit": "kvgate_concurrency_limit", "in_flight": "kvgate_admitted_in_
           "queued": "kvgate_queue_depth"}
 
 
-
 def gauge_values(text: str) -> dict[str, float]:
     """The admission gauges summed over pools (and priorities, for the queue)."""
     return {key: sum(value for _, value in parse_samples(text, name)) for key, name in GAUGES.items()}

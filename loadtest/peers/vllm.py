@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Sequence
 
 from kvgate.kv_endpoints import replay_port
-from loadtest.procs import ChildProcess, free_port
 from loadtest.peers import VLLM
+from loadtest.procs import ChildProcess, free_port
 
 VLLM_VENV = VLLM.venv
 VLLM_BLOCK_SIZE = 32  # on CPU the block size must be a multiple of 32

@@ -8,9 +8,9 @@ import sys
 import pytest
 import yaml
 
-from loadtest.peers import NGINX
 from loadtest.driver import DriverConfig
 from loadtest.fleet import FleetConfig, run_fleet
+from loadtest.peers import NGINX
 from loadtest.runner import RunPlan
 from loadtest.workloads import build_workload
 

@@ -20,9 +20,9 @@ from loadtest.overload.fleet import ADMISSION_OFF, TenantSpec, gateway_config
 from loadtest.overload.metrics import GaugeSampler, gauge_values, queue_wait_by_priority, summarize_gauges
 from loadtest.overload.probe import ProbeTransport, error_code, gateway_duration_ms
 from loadtest.overload.report import OFF, ON, fair_ratio, judge, refusals_by_code, section_markdown
-from loadtest.overload.scenarios import (Offer, RequestShape, Scenario, build_specs, capacity_rps,
-                                         closed_loop_specs, deadline_figures, default_scenarios, in_window,
-                                         marker_name, rss_growth, tenant_figures)
+from loadtest.overload.scenarios import (Offer, RequestShape, Scenario, build_specs, capacity_rps, closed_loop_specs,
+                                         deadline_figures, default_scenarios, in_window, marker_name, rss_growth,
+                                         tenant_figures)
 from loadtest.slo import Slo
 from loadtest.types import RequestRecord
 

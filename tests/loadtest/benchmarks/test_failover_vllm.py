@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from loadtest.benchmarks.failover_vllm import (MAX_TOKENS, Answer, blame, compare, counter_delta, cut_tokens, diagnose,
-                                          failovers_by_mode, first_difference, judge, markdown, metric_total,
-                                          summarise, survivor_counts)
+from loadtest.benchmarks.failover_vllm import (Answer, MAX_TOKENS, blame, compare, counter_delta, cut_tokens, diagnose,
+                                               failovers_by_mode, first_difference, judge, markdown, metric_total,
+                                               summarise, survivor_counts)
 
 METRICS = """# HELP kvgate_failovers_total Streams continued on another worker mid-answer
 # TYPE kvgate_failovers_total counter

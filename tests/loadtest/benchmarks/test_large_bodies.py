@@ -7,11 +7,11 @@ import json
 
 import pytest
 
+from loadtest.benchmarks.large_bodies import (EXPECTED, INLINE, LARGE_KINDS, MAX_BODY_BYTES, OFFLOADED,
+                                              TARGET_P99_RATIO, TARGET_P99_SLACK_MS, VOCAB_SIZE, completion_data,
+                                              large_bodies, large_figures, markdown, outcome, summarise,
+                                              token_ids_json, ttft_figures, verdict)
 from loadtest.harness.gateway import MODEL
-from loadtest.benchmarks.large_bodies import (EXPECTED, INLINE, LARGE_KINDS, MAX_BODY_BYTES, OFFLOADED, TARGET_P99_RATIO,
-                                         TARGET_P99_SLACK_MS, VOCAB_SIZE, completion_data, large_bodies,
-                                         large_figures, markdown, outcome, summarise, token_ids_json, ttft_figures,
-                                         verdict)
 
 DURATION_S = 10.0
 

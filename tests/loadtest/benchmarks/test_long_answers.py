@@ -8,8 +8,8 @@ import json
 import pytest
 
 from gateway.sse import SseParser
-from loadtest.benchmarks.long_answers import (EVENT_SIZES, MODES, SIZES, TARGET_GROWTH, VARIANTS, answer_stream, cells, growth,
-                                         markdown)
+from loadtest.benchmarks.long_answers import (EVENT_SIZES, MODES, SIZES, TARGET_GROWTH, VARIANTS, answer_stream, cells,
+                                              growth, markdown)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.harness.fixed_upstream import NUM_CHUNKS, _nginx_string, answer_body, answer_text, nginx_conf, request_body
+from loadtest.harness.fixed_upstream import (NUM_CHUNKS, _nginx_string, answer_body, answer_text, nginx_conf,
+                                             request_body)
 from loadtest.sse import StreamReader
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.paths import RESULTS_DIR
-from loadtest.peers import LITELLM, SGLANG_ROUTER, VLLM, SystemTool, VenvPeer, missing, require
+from loadtest.peers import LITELLM, SGLANG_ROUTER, SystemTool, VLLM, VenvPeer, missing, require
 
 PRESENT = SystemTool("sh", ("dash",))
 ABSENT = SystemTool("no-such-tool-kvgate", ("no-such-package",))

@@ -7,8 +7,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from loadtest.procs import free_port
 from loadtest.peers.proxy_floor import ProxyFloor, create_app
+from loadtest.procs import free_port
 from tests.loadtest.fake_upstream import Timing, build_app, serve_in_thread
 
 TIMING = Timing(first_chunk_s=0.01, interval_s=0.0, num_chunks=4)
