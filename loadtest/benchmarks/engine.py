@@ -5,6 +5,9 @@ Drives worker.engine in-process (no HTTP) over the torch executor on the embedde
 results/bench_engine.json and the `engine` section of docs/benchmarks.md (plus `engine-gpu` when
 a GPU took part). Run: kvgate bench engine [--quick] [--only NAME ...] [--model DIR]
 The bundled worker beside vLLM's CPU build, as servers, is its own benchmark: engine_side_by_side.py.
+
+Over ~400 lines, and one module all the same: five short parts of one in-process benchmark (batching, prefix,
+overhead, memory, GPU bandwidth) that share its helpers and its report, and that nothing else uses.
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ large requests, LARGE_RATE_PER_S in all: sporadic large requests beside the smal
 flood that saturates the gateway's core; a sender whose request outlasts its period sends the next at once). Writes results/bench_large_bodies.json and the "large-bodies" section of
 docs/benchmarks.md.
 Run: kvgate bench large-bodies [--quick] [--no-doc]
+
+Over ~400 lines, and one module all the same: its requests, its two load-generator jobs (harness/load_jobs.py
+runs them), its figures and its section are this benchmark's alone; nothing here is used elsewhere, and what is
+shared (the fake worker, the raw client, the gateway's setup) already lives in loadtest/harness/.
 """
 
 from __future__ import annotations

@@ -14,8 +14,12 @@ TTFT <= 0.95x SGLang cache_aware's (means over the rounds), and its prediction h
 
     kvgate bench real-engines            # writes the real-engines section + PNG
 
-Needs vLLM's CPU build (installed on demand into results/vllm-venv) and SGLang's router
-(`python3 -m venv results/sglang-venv && results/sglang-venv/bin/pip install sglang-router`).
+Needs vLLM's CPU build (installed on demand into results/vllm-venv) and SGLang's router (loadtest/peers names
+its install when it is missing).
+
+Over ~400 lines, and one module all the same: the run (vLLM's client against each router, the engines' own
+counters before and after) and what only it reports (its two tables, its plot); the fleet, the peers and the
+metrics parsing it drives are the library's.
 """
 
 from __future__ import annotations
