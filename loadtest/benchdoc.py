@@ -5,12 +5,13 @@ Every figure in that file comes from a script calling this; nobody edits figures
 
 from __future__ import annotations
 
+import json
 import platform
 import re
 import shlex
 import subprocess
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from loadtest.paths import DOC_PATH
 
@@ -84,3 +85,9 @@ def number(value: float | None, digits: int = 2) -> str:
 def bench_command(name: str, argv: Sequence[str] = ()) -> str:
     """The command a section shows as the one that regenerated it: `kvgate bench NAME ARGS...`."""
     return shlex.join(["kvgate", "bench", name, *argv])
+
+
+def save_result(path: Path, result: Any) -> None:
+    """A run's result as JSON at path (results/...), its folder made first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")

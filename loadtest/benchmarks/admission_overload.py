@@ -34,8 +34,7 @@ from loadtest.overload.report import OFF, ON, judge, section_markdown
 from loadtest.overload.scenarios import (RequestShape, Scenario, build_specs, capacity_rps, closed_loop_specs,
                                          deadline_figures, default_scenarios, in_window, marker_name, rss_growth,
                                          tenant_figures)
-from loadtest.paths import ROOT
-from loadtest.paths import RESULTS_DIR
+from loadtest.paths import RESULTS_DIR, ROOT
 from loadtest.procs import process_cpu_s
 from loadtest.recording_proxy import fetch_arrivals
 from loadtest.slo import Slo, stats

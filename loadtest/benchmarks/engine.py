@@ -23,7 +23,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from loadtest.benchdoc import bench_command, gpu_description, machine_description, replace_section
+from loadtest.benchdoc import bench_command, gpu_description, machine_description, replace_section, save_result
 from loadtest.paths import RESULTS_DIR
 from loadtest.stats import percentile
 from worker.engine.config import EngineConfig
@@ -481,8 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args, argv)
     text = json.dumps(result, indent=2)
     print(text)
-    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_PATH.write_text(text + "\n")
+    save_result(RESULTS_PATH, result)
     if not args.no_doc:
         if any(k in result for k in ("continuous_batching", "prefix_cache", "step_overhead", "kv_memory")):
             replace_section("engine", engine_markdown(result))

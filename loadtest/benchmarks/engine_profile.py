@@ -21,7 +21,6 @@ Run: kvgate bench engine-profile [--quick] [--no-doc]
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -29,7 +28,7 @@ from contextlib import ExitStack
 from datetime import datetime, timezone
 from typing import Any
 
-from loadtest.benchdoc import bench_command, machine_description, replace_section
+from loadtest.benchdoc import bench_command, machine_description, replace_section, save_result
 from loadtest.harness.machine_limits import memory_bandwidth_bytes_s
 from loadtest.paths import RESULTS_DIR
 from worker.engine.config import EngineConfig
@@ -167,8 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
     args = parser.parse_args(argv)
     result = run(args.quick, bench_command("engine-profile", argv))
-    RESULTS_PATH.parent.mkdir(exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(result, indent=1) + "\n")
+    save_result(RESULTS_PATH, result)
     if not args.no_doc:
         replace_section(SECTION, markdown(result))
     print(markdown(result))

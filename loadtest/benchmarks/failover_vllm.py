@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 import httpx
 import yaml
 
-from loadtest.benchdoc import bench_command
+from loadtest.benchdoc import bench_command, save_result
 from loadtest.harness.gateway import gateway_argv
 from loadtest.paths import RESULTS_DIR
 from loadtest.peers.vllm import VLLM_BLOCK_SIZE, VllmWorker, ensure_vllm_venv
@@ -388,8 +388,7 @@ def main(argv: list[str] | None = None) -> int:
                            "chat_messages": CHAT_MESSAGES},
               **raw}
     result["figures"] = summarise(result["kinds"])
-    RESULTS_PATH.parent.mkdir(exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(result, indent=1) + "\n")
+    save_result(RESULTS_PATH, result)
     if not args.no_doc:
         replace_section(SECTION, markdown(result))
     print(json.dumps(result["figures"], indent=2))

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from loadtest.benchdoc import bench_command
+from loadtest.benchdoc import bench_command, save_result
 from loadtest.harness import load_jobs
 from loadtest.harness.fake_worker import run_fake_worker
 from loadtest.harness.gateway import (API_KEY, WIDE_ADMISSION, child, cpu_placement, gateway_argv, gateway_config,
@@ -398,8 +398,7 @@ def main(argv: list[str] | None = None) -> None:
         "cpus": {"gateway": sorted(cpu_placement()[0] or []), "worker_and_load_generator": sorted(cpu_placement()[1] or [])},
     }
     result["figures"] = summarise(raw)
-    RESULTS_PATH.parent.mkdir(exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(result, indent=2) + "\n")
+    save_result(RESULTS_PATH, result)
     if not args.no_doc:
         replace_section("gateway", markdown(result))
     print(json.dumps(result["figures"], indent=2))

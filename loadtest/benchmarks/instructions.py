@@ -31,7 +31,6 @@ Needs: valgrind (apt-get install -y valgrind), and nginx as proxy-peers does.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import subprocess
@@ -43,15 +42,14 @@ from pathlib import Path
 import httpx
 import yaml
 
+from loadtest.benchdoc import save_result
 from loadtest.harness.fixed_upstream import PATH, request_body, start_nginx
 from loadtest.harness.gateway import API_KEY, MODEL, gateway_config
-from loadtest.harness.gateway import gateway_config as prompt_cpu_gateway_config
-from loadtest.harness.prompt_cells import CELLS, request_bodies, send, start_worker
-from loadtest.harness.prompt_cells import CELL, LONG, SHORT
+from loadtest.harness.prompt_cells import CELL, CELLS, LONG, SHORT, request_bodies, send, start_worker
+from loadtest.harness.prompt_cells import gateway_config as prompt_cells_gateway_config
 from loadtest.harness.proxies import floor_argv, floor_env
 from loadtest.harness.side_by_side import baseline_tree
-from loadtest.paths import ROOT
-from loadtest.paths import RESULTS_DIR
+from loadtest.paths import RESULTS_DIR, ROOT
 from loadtest.peers import NGINX, NGINX_ECHO, VALGRIND, require
 from loadtest.procs import ChildProcess, free_port
 
@@ -149,7 +147,7 @@ def count_paced(tree: Path, worker_port: int, kv_port: int, tmp_dir: Path, reque
     prompt and answer in its cache already (paced_bodies), so no run counts KV events: each run sees the same
     worker, where new prompts would fill its cache a little more each run (eviction events in later runs)."""
     port = free_port()
-    argv, env, ready = gateway_argv(tree, prompt_cpu_gateway_config(port, worker_port, kv_port), tmp_dir, tag)
+    argv, env, ready = gateway_argv(tree, prompt_cells_gateway_config(port, worker_port, kv_port), tmp_dir, tag)
     proxy = CallgrindChild(tree, argv, env, ready, tmp_dir, tag)
     try:
         figures = {}
@@ -195,8 +193,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             result = harness_runs(trees, tmp_dir, args.runs, args.requests or REQUESTS, args.stream, args.floor)
     result.update(baseline=args.baseline, wall_s=round(time.perf_counter() - started))
-    RESULTS_PATH.parent.mkdir(exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(result, indent=2))
+    save_result(RESULTS_PATH, result)
     medians, runs = result["median"], result["runs"]
     if args.paced:
         for unit in ("token", "short", "long"):

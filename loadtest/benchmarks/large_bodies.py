@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import yaml
 
-from loadtest.benchdoc import bench_command
+from loadtest.benchdoc import bench_command, save_result
 from loadtest.harness import load_jobs
 from loadtest.harness.gateway import API_KEY, MODEL, child, cpu_placement, gateway_argv, gateway_config, raise_fd_limit
 from loadtest.harness.raw_http import Connection, Pool, check_answer
@@ -498,8 +498,7 @@ def write_result(rounds: list[dict[str, Any]], quick: bool, no_doc: bool, load_a
         "raw": rounds,
     }
     result["figures"] = summarise(rounds)
-    RESULTS_PATH.parent.mkdir(exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(result, indent=1) + "\n")
+    save_result(RESULTS_PATH, result)
     if not no_doc:
         replace_section(SECTION, markdown(result))
     print(json.dumps({"gateways": result["figures"]["gateways"], "verdict": result["figures"]["verdict"]}, indent=2))

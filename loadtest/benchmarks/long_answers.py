@@ -35,12 +35,11 @@ from typing import Any
 
 import httpx
 
-from loadtest.benchdoc import machine_description, replace_section
+from loadtest.benchdoc import machine_description, replace_section, save_result
 from loadtest.harness import side_by_side
 from loadtest.harness.fake_worker import fake_worker_request
 from loadtest.harness.gateway import API_KEY, MODEL, cpu_placement, gateway_config
-from loadtest.paths import ROOT
-from loadtest.paths import RESULTS_DIR
+from loadtest.paths import RESULTS_DIR, ROOT
 from loadtest.procs import ChildProcess, free_port, process_cpu_s
 
 SECTION = "long-answers"
@@ -306,8 +305,7 @@ def main(argv: list[str] | None = None) -> None:
               "machine": machine_description(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "python": sys.version.split()[0], "target_growth": TARGET_GROWTH, "trees": results,
               "wall_s": round(time.perf_counter() - started)}
-    RESULTS_PATH.parent.mkdir(exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(result, indent=2) + "\n")
+    save_result(RESULTS_PATH, result)
     if not args.no_doc:
         replace_section(SECTION, markdown(result))
     print(json.dumps({name: figures["growth"] for name, figures in results.items()}, indent=2))

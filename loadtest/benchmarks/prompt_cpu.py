@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from loadtest.benchdoc import machine_description, replace_section
+from loadtest.benchdoc import machine_description, replace_section, save_result
 from loadtest.harness import side_by_side
 from loadtest.harness.gateway import API_KEY
 from loadtest.harness.prompt_cells import (CELLS, OUTPUT_TOKENS, REQUESTS_PER_CELL, measure_cell,
@@ -121,8 +121,7 @@ def main(argv: list[str] | None = None) -> None:
               "rounds": args.rounds,
               "machine": machine_description(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "python": sys.version.split()[0], "trees": trees_figures, "wall_s": round(time.perf_counter() - started)}
-    RESULTS_PATH.parent.mkdir(exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(result, indent=2) + "\n")
+    save_result(RESULTS_PATH, result)
     if not args.no_doc:
         replace_section(SECTION, markdown(result))
     print(json.dumps(trees_figures, indent=2))

@@ -28,7 +28,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from loadtest.benchdoc import bench_command, machine_description, number, replace_section
+from loadtest.benchdoc import bench_command, machine_description, number, replace_section, save_result
 from loadtest.harness.fixed_upstream import NUM_CHUNKS, check_answers, request_body, start_nginx
 from loadtest.harness.gateway import cpu_placement
 from loadtest.harness.proxies import (CONNECTIONS, FLOOR, KVGATE, LITELLM, MODES, NUM_ROUNDS, SGLANG, healthy,
@@ -237,8 +237,7 @@ def write_result(runs: list[dict[str, Any]], args: argparse.Namespace,
         "targets": TARGETS, "figures": figures, "verdict": verdict(figures), "interference": interference(runs),
         "raw": runs,
     }
-    RESULTS_PATH.parent.mkdir(exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(result, indent=1) + "\n")
+    save_result(RESULTS_PATH, result)
     if not args.no_doc:
         replace_section(SECTION, markdown(result))
     print(json.dumps(result["verdict"], indent=2))

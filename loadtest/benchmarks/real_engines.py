@@ -40,8 +40,7 @@ import httpx
 from loadtest.benchdoc import bench_command, machine_description, replace_section
 from loadtest.external_router import ExternalCommand
 from loadtest.fleet import Fleet, FleetConfig
-from loadtest.paths import ROOT
-from loadtest.paths import RESULTS_DIR
+from loadtest.paths import RESULTS_DIR, ROOT
 from loadtest.peers import SGLANG_ROUTER, require, sglang
 from loadtest.procs import tree_cpu_s
 from loadtest.prometheus_text import parse_samples

@@ -25,8 +25,7 @@ from pathlib import Path
 import httpx
 
 from loadtest.benchdoc import bench_command, machine_description, replace_section
-from loadtest.procs import ChildProcess, free_port
-from loadtest.procs import process_cpu_s
+from loadtest.procs import ChildProcess, free_port, process_cpu_s
 from loadtest.sse import StreamReader
 from loadtest.stats import percentile
 from loadtest.workloads import build_workload

@@ -37,11 +37,10 @@ from typing import Any
 
 import httpx
 
-from loadtest.benchdoc import machine_description, replace_section
+from loadtest.benchdoc import machine_description, replace_section, save_result
 from loadtest.harness import side_by_side
 from loadtest.harness.gateway import API_KEY, cpu_placement
-from loadtest.harness.prompt_cells import measure_cell, start_worker_and_gateways
-from loadtest.harness.prompt_cells import CELL, LONG, SHORT
+from loadtest.harness.prompt_cells import CELL, LONG, SHORT, measure_cell, start_worker_and_gateways
 from loadtest.harness.proxies import FLOOR, SGLANG, start_floor, start_sglang
 from loadtest.paths import RESULTS_DIR
 from loadtest.peers import SGLANG_ROUTER
@@ -160,8 +159,7 @@ def main(argv: list[str] | None = None) -> None:
               "machine": machine_description(),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "python": sys.version.split()[0], "proxies": figures, "wall_s": round(time.perf_counter() - started)}
-    RESULTS_PATH.parent.mkdir(exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(result, indent=2) + "\n")
+    save_result(RESULTS_PATH, result)
     result = json.loads(RESULTS_PATH.read_text())  # the doc reads what --doc-only reads (cell keys as strings)
     if not args.no_doc:
         replace_section(SECTION, markdown(result))

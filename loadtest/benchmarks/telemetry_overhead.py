@@ -37,14 +37,13 @@ from typing import Any
 
 import yaml
 
-from loadtest.benchdoc import bench_command, machine_description, number, replace_section
+from loadtest.benchdoc import bench_command, machine_description, number, replace_section, save_result
 from loadtest.harness.fixed_upstream import check_answers, start_nginx
 from loadtest.harness.gateway import API_KEY, cpu_placement, gateway_config
 from loadtest.harness.proxies import (CONNECTIONS, DIRECT, MODES, healthy, interference, measure, phase_seconds,
                                       summarise)
 from loadtest.harness.wrk import wrk_script
-from loadtest.paths import ROOT
-from loadtest.paths import RESULTS_DIR
+from loadtest.paths import RESULTS_DIR, ROOT
 from loadtest.peers import NGINX, NGINX_ECHO, WRK, require
 from loadtest.procs import ChildProcess, free_port
 
@@ -219,8 +218,7 @@ def main(argv: list[str] | None = None) -> None:
               "cpus": {"gateway": sorted(gateway_cpus or []), "load": sorted(load_cpus or [])},
               "figures": figures, "ratios": ratios(figures), "verdict": verdict(runs),
               "interference": interference(runs), "raw": runs}
-    RESULTS_PATH.parent.mkdir(exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(result, indent=1) + "\n")
+    save_result(RESULTS_PATH, result)
     if not args.no_doc:
         replace_section(SECTION, markdown(result))
     print(json.dumps(result["verdict"], indent=1))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.report import build_result, comparison_table, load_result, write_benchmarks_section, write_report
-from loadtest.report import write_result
+from loadtest.report import (build_result, comparison_table, load_result, write_benchmarks_section, write_report,
+                             write_result)
 from loadtest.slo import Slo, summarize
 from loadtest.types import RequestRecord
 
