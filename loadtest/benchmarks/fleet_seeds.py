@@ -19,7 +19,7 @@ Writes results/fleet-seeds/seed-<S>/ (each run's own results and report) and the
 "real-engines-fleet-seeds" section of docs/benchmarks.md (sim: results/sim-fleet-seeds/, section
 "sim-fleet-seeds").
 Run: kvgate bench fleet-seeds [--engine vllm|sim] [--seeds 1,2,3] [--no-doc | --doc-only]
-(installs vLLM's CPU build into results/vllm-venv and needs sglang-router in results/sglang-venv:
+(installs vLLM's CPU build into results/vllm-venv and needs sglang-router: loadtest/peers;
 docs/loadtest.md, "Peer routers"; 6 to 16 minutes a seed on 2 cores: each run starts its vLLM workers;
 sim: ~15 s a seed, 40 seeds by default.)
 """
@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest.benchdoc import bench_command, machine_description, replace_section
+from loadtest.benchdoc import bench_command, machine_description, replace_section, save_result
 from loadtest.peers import sglang
+from loadtest.peers import SGLANG_ROUTER, require
 
 SGLANG = f"sglang={sglang.external_command('cache_aware', log_level=None).command}"
 RUN = ["--workers", "2", "--num-blocks", "96", "--policies", "kv_aware",
@@ -188,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.doc_only:
         replace_section(engine.section, markdown(json.loads((engine.out / "result.json").read_text())))
         return
+    require(SGLANG_ROUTER)  # vLLM's CPU build installs itself on first use (peers/vllm.py)
     result: dict[str, Any] = {
         "command": bench_command("fleet-seeds", argv), "engine": args.engine,
         "fleet_command": shlex.join(["kvgate", *engine.fleet]), "machine": machine_description(),
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
         subprocess.run([sys.executable, "-m", "kvgate", *engine.fleet, "--seed", str(seed), "--out", str(out),
                         "--no-progress"], check=True)
         result["seeds"].append({"seed": seed, **seed_figures(out)})
-    (engine.out / "result.json").write_text(json.dumps(result, indent=2))
+    save_result(engine.out / "result.json", result)
     text = markdown(result)
     print(text)
     if not args.no_doc:

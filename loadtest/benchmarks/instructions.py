@@ -25,7 +25,7 @@ time-bound work that runs meanwhile (health checks, scrapes) included; KV events
 prompt cached before the first count).
 
 Run: kvgate bench instructions [--baseline REV] [--requests N] [--stream] [--runs 2] [--floor | --paced]
-Needs: valgrind (apt-get install -y valgrind), and nginx as proxy-peers does.
+Needs valgrind, and (but with --paced) nginx with its echo module: loadtest/peers names what is missing.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ checks, the server's own ticks) included, as it is in a running fleet. The proxi
 the order mirrored each time; figures are medians of --rounds.
 Writes results/bench_stream_pace.json and the "stream-pace" section of docs/benchmarks.md.
 Run: kvgate bench stream-pace [--baseline REV] [--rounds 2] [--no-doc] [--doc-only]
-(needs the default model: `make model`; sglang-router in results/sglang-venv, see proxy-peers)
+(needs the default model: `make model`; sglang-router measured when installed: loadtest/peers)
 """
 
 from __future__ import annotations
