@@ -5,8 +5,8 @@ through a gateway with admission and one with admission off, in the same run, as
     kvgate bench admission-overload [--quick] [--no-doc]
 
 Writes results/bench_overload.json and the `admission-overload` section of docs/benchmarks.md.
-The pieces: overload_fleet (processes), overload_scenarios (what is offered, the figures),
-overload_probe (the client side of a run), overload_report (targets, the section).
+The pieces: loadtest/overload/: fleet.py (processes), scenarios.py (what is offered, the figures),
+probe.py (the client side of a run), report.py (targets, the section).
 """
 
 from __future__ import annotations
