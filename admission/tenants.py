@@ -31,6 +31,7 @@ class TenantPolicy:
     tokens_burst: float | None = None  # default: one minute's worth
     max_concurrency: int | None = None
     deadline_ms: float | None = None  # when the client sends no x-request-deadline-ms
+    fallbacks: bool | frozenset[str] = True  # may a rule's fallback pools serve it (all, none, or these)?
 
     def __post_init__(self) -> None:
         if self.weight <= 0:
@@ -40,6 +41,11 @@ class TenantPolicy:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be > 0")
+
+    def allows_fallback(self, pool: str) -> bool:
+        """Whether a fallback pool may serve this tenant's requests: a tenant that must never be answered by
+        another pool's model says `fallbacks: false` (or lists the pools it accepts) and is refused instead."""
+        return self.fallbacks if isinstance(self.fallbacks, bool) else pool in self.fallbacks
 
     @property
     def request_bucket(self) -> BucketSpec | None:

@@ -13,11 +13,12 @@ With Redis, each pool's retry budget is one budget for every replica (admission/
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ import redis.asyncio
 
 from admission.concurrency_limit import LimitConfig
 from admission.fair_queue import QueuedRequest
-from admission.pool_admission import PoolAdmission, PoolAdmissionSettings
+from admission.pool_admission import PoolAdmission, PoolAdmissionSettings, Verdict
 from admission.priority import Priority, admitted_priority
 from admission.retry_budget import RetryBudget, RetryBudgetConfig
 from admission.shared_retry_budget import RedisRetryCounts, SharedRetryBudget
@@ -170,20 +171,23 @@ class Admission:
     def priority_for(self, tenant: str, requested: Priority | None) -> Priority:
         return admitted_priority(self.tenant(tenant).priority, requested)
 
-    async def admit(self, request: AdmissionRequest) -> Permit:
-        """A permit, after waiting in the pool's queue if need be; ApiError (429/503) when refused."""
+    async def admit(self, request: AdmissionRequest, overflow: Sequence[str] = ()) -> Permit:
+        """A permit, after waiting in the pool's queue if need be; ApiError (429/503) when refused.
+        overflow: pools that admit the request instead, in order, when request.pool would refuse it at
+        arrival (gateway/fallbacks.py); the permit's request names the pool that admitted it. The tenant's
+        limits count the request once, wherever it goes."""
         tenant = self.tenant(request.tenant)
         completion = request.max_tokens or self.completion_reserve[request.pool]
         verdict = await self.limits.acquire(tenant, request.prompt_tokens_estimate + completion, request.counts_request)
         if isinstance(verdict, OverLimit):
             raise self._refused(request, verdict.reason, verdict.retry_after_s, status=429)
-        grant, pool, now = verdict, self.pools[request.pool], self.clock()
+        grant, now = verdict, self.clock()
         deadline_ms = request.deadline_ms if request.deadline_ms is not None else tenant.deadline_ms
         deadline_s = None if deadline_ms is None else now + deadline_ms / 1000.0
         queued = QueuedRequest(tenant.name, request.priority, tenant.weight, deadline_s=deadline_s,
                                workflow_step=request.workflow_step)
         try:
-            await self._take_slot(pool, queued, request)
+            request = await self._first_slot(request, overflow, queued)
         except BaseException:
             self.limits.settle(grant, 0)  # refused or gone: it used nothing
             raise
@@ -191,14 +195,46 @@ class Admission:
         self.metrics.child(self.metrics.admitted, request.pool, tenant.name, request.priority.label).inc()
         return Permit(self, request, grant, self.clock(), deadline_s, completion)
 
-    async def _take_slot(self, pool: PoolAdmission, queued: QueuedRequest, request: AdmissionRequest) -> None:
+    async def move(self, permit: Permit, pool: str) -> None:
+        """The permit's request goes to another pool (its prompt is too long for its own): a slot there
+        first (it may wait; Refused when that pool refuses it), then its slot here given back. The tenant's
+        limits stay counted once; the permit's request names the new pool."""
+        request, tenant = permit.request, self.tenant(permit.request.tenant)
+        moved = dataclasses.replace(request, pool=pool)
+        queued = QueuedRequest(tenant.name, request.priority, tenant.weight, deadline_s=permit.deadline_s,
+                               workflow_step=request.workflow_step)
+        refusal = await self._take_slot(self.pools[pool], queued, moved)
+        if refusal is not None:
+            raise self._refused(moved, refusal.reason or "queue_full", refusal.retry_after_s or 1.0)
+        left = self.pools[request.pool]
+        self._admit(left, left.forget())
+        permit.request = moved
+        self.budgets[pool].record_request()
+
+    async def _first_slot(self, request: AdmissionRequest, overflow: Sequence[str],
+                          queued: QueuedRequest) -> AdmissionRequest:
+        """request with the pool that took it: its own, or the first of overflow that admits it at once or
+        queues it (a refusal at arrival moves it on; when every pool refuses, its own pool's refusal is the
+        client's)."""
+        first_refusal: Verdict | None = None
+        for pool_name in (request.pool, *overflow):
+            offered = request if pool_name == request.pool else dataclasses.replace(request, pool=pool_name)
+            refusal = await self._take_slot(self.pools[pool_name], queued, offered)
+            if refusal is None:
+                return offered
+            first_refusal = first_refusal or refusal
+        raise self._refused(request, first_refusal.reason or "queue_full", first_refusal.retry_after_s or 1.0)
+
+    async def _take_slot(self, pool: PoolAdmission, queued: QueuedRequest, request: AdmissionRequest) -> Verdict | None:
+        """None once admitted (at once, or after waiting in the queue: Refused if refused there); the
+        verdict when the pool refuses the request at arrival."""
         verdict = pool.offer(queued)
         if verdict.shed is not None:
             self._refuse_waiting(verdict.shed, "shed", pool)
         if verdict.outcome == "admitted":
-            return
+            return None
         if verdict.outcome == "rejected":
-            raise self._refused(request, verdict.reason or "queue_full", verdict.retry_after_s or 1.0)
+            return verdict
         future = asyncio.get_running_loop().create_future()
         queued.handle = _Waiter(future, request)
         self._queued.set()
@@ -285,7 +321,8 @@ def admission_from_config(config: KvgateConfig, metrics: GatewayMetrics, buckets
     config.redis.replicas gateways through redis_client when one is given (start_budget_sync())."""
     pools = {name: PoolAdmission(_pool_admission_settings(pool), clock) for name, pool in config.pools.items()}
     tenants = {name: TenantPolicy(name, Priority.parse(t.priority), t.weight, t.requests_per_s, t.requests_burst,
-                                  t.tokens_per_min, t.tokens_burst, t.max_concurrency, t.deadline_ms)
+                                  t.tokens_per_min, t.tokens_burst, t.max_concurrency, t.deadline_ms,
+                                  t.fallbacks if isinstance(t.fallbacks, bool) else frozenset(t.fallbacks))
                for name, t in config.tenants.items()}
     return Admission(tenants=tenants, pools=pools, limits=TenantLimits(buckets, config.redis.replicas),
                      budgets=_retry_budgets(config, metrics, clock, redis_client), metrics=metrics,

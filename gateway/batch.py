@@ -212,9 +212,10 @@ class Batch:
         await send({"type": "http.response.body", "body": content})
 
     def _batch_headers(self) -> list[tuple[bytes, bytes]]:
-        """Which worker started each prompt's answer, in prompt order; a collected batch's failovers, all
-        its prompts' (a stream's are known only as it ends, as for one prompt)."""
-        headers = [(b"x-kvgate-worker", b",".join(part.headers.get(b"x-kvgate-worker", b"-") for part in self.parts))]
+        """Which worker and pool started each prompt's answer, in prompt order; a collected batch's failovers,
+        all its prompts' (a stream's are known only as it ends, as for one prompt)."""
+        headers = [(name, b",".join(part.headers.get(name, b"-") for part in self.parts))
+                   for name in (b"x-kvgate-worker", b"x-kvgate-pool")]
         if not self.stream:
             failovers = sum(int(part.headers.get(b"x-kvgate-failovers", b"0")) for part in self.parts)
             headers.append((b"x-kvgate-failovers", str(failovers).encode()))

@@ -12,8 +12,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kvgate.api_error import ApiError
 
 ALLOWED_METHODS = b"GET, POST, OPTIONS"
-# what a page may read of an answer: the id to quote, when to retry, which worker served it
-EXPOSED_HEADERS = (b"x-request-id, retry-after, x-kvgate-worker, x-kvgate-route, x-kvgate-failovers, "
+# what a page may read of an answer: the id to quote, when to retry, which worker and pool served it
+EXPOSED_HEADERS = (b"x-request-id, retry-after, x-kvgate-worker, x-kvgate-pool, x-kvgate-route, x-kvgate-failovers, "
                    b"server-timing, traceparent, tracestate")
 PREFLIGHT_MAX_AGE_S = 600
 

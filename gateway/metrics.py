@@ -57,6 +57,9 @@ class GatewayMetrics:
         self.failovers = Counter("kvgate_failovers", "Streams continued on another worker mid-answer, by how: "
                                  "from the token ids (exact) or from the delivered text.", ["pool", "mode"],
                                  registry=r)
+        self.fallbacks = Counter("kvgate_fallbacks", "Requests served by another pool than their rule's, by the pool "
+                                 "they left, the pool that took them and why (overloaded, unavailable, "
+                                 "context_length_exceeded).", ["from_pool", "to_pool", "reason"], registry=r)
         self.breaker_state = Gauge("kvgate_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open.",
                                    ["worker"], registry=r)
         self.worker_healthy = Gauge("kvgate_worker_healthy", "1 if the worker is in rotation.", ["worker"],

@@ -13,7 +13,7 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starlette.responses import Response
@@ -21,7 +21,8 @@ from starlette.types import Receive, Scope, Send
 
 from admission.cost import request_cost_usd
 from admission.priority import Priority
-from gateway.admission import Admission, AdmissionRequest, Refused
+from gateway import fallbacks
+from gateway.admission import Admission, AdmissionRequest, Permit, Refused
 from gateway.batch import Batch, batch_prompts
 from gateway.client_watch import ClientWatch
 from gateway.errors import UpstreamError
@@ -180,7 +181,8 @@ class ProxyEndpoint:
             prompt=body.get("prompt") if self.kind == "completion" else None, tools=body.get("tools"),
             request_id=request_id, tenant=tenant, priority=priority.label,
             session_id=request_headers.get("x-session-id"), headers=request_headers, path=self.path)
-        pool = self._pool_for(route_req)
+        pool_plan = self._pool_plan(route_req, tenant)
+        pool = pool_plan.first.pool
         state["pool"] = pool
         record = state.get("log")
         tracer = self.telemetry.tracer
@@ -194,15 +196,23 @@ class ProxyEndpoint:
                 tenant, pool, priority, deadline_ms=_deadline_ms(request_headers.get("x-request-deadline-ms")),
                 workflow_step=_workflow_step(request_headers.get("x-workflow-step")),
                 prompt_tokens_estimate=estimate_prompt_tokens(body), max_tokens=_max_tokens(body),
-                counts_request=not state.get("batch_part")))
+                counts_request=not state.get("batch_part")), overflow=[c.pool for c in pool_plan.overflow])
+            if (reason := fallbacks.reason_for(pool_plan, permit.request.pool)) is not None:
+                fallbacks.note_move(self.metrics, record, span, pool_plan.rule_pool, permit.request.pool, reason)
         if record is not None:
             record["admission_s"] = round(time.perf_counter() - waited, 6)
         session = None
         try:
             with step_span(tracer, "route") as span:
-                ticket = await self._route(route_req, pool, body_bytes, record)
+                ticket, route_req = await self._route_in_plan(route_req, pool_plan, permit, body_bytes, record, span)
                 if span is not None or record is not None:
                     self._describe_route(ticket, span, record)
+            if permit.request.pool != pool:  # served by a fallback pool
+                pool = state["pool"] = permit.request.pool
+                if record is not None:
+                    record["pool"] = pool
+            if route_req.model != body["model"]:  # a fallback pool serving another model
+                body = {**body, "model": route_req.model}
             permit.prompt_counted(ticket.decision.num_prompt_tokens or 0)
             headers = {name: request_headers[name] for name in FORWARDED_HEADERS if name in request_headers}
             headers.update(state.get("trace_headers", {}))
@@ -211,7 +221,7 @@ class ProxyEndpoint:
             client_stream = bool(body.get("stream"))
             stream_options = body.get("stream_options") or {}
             req = ProxyRequest(kind=self.kind, path=self.path, body=_without_client_priority(body), model=body["model"],
-                               pool=ticket.decision.pool or pool, tenant=tenant, request_id=request_id,
+                               pool=pool, tenant=tenant, request_id=request_id,
                                headers=headers, client_stream=client_stream,
                                # the aggregated response always carries usage
                                client_include_usage=not client_stream or bool(stream_options.get("include_usage")),
@@ -226,11 +236,35 @@ class ProxyEndpoint:
             permit.end(queue_delay_s=None, dropped=dropped, usage=None)
             raise
 
-    def _pool_for(self, route_req: RouteRequest) -> str:
+    def _pool_plan(self, route_req: RouteRequest, tenant: str) -> fallbacks.PoolPlan:
+        """The pools the request may use (gateway/fallbacks.py); 404 / 503 when it has none."""
         try:
-            return self.router.pool_for(route_req)
+            choices = self.router.pool_choices(route_req)
         except NoRouteError as exc:
             raise self._no_route(route_req, exc) from None
+        pool_plan = fallbacks.plan(choices, self.admission.tenant(tenant))
+        if pool_plan is None:
+            raise self._no_route(route_req, NoRouteError(fallbacks.unavailable(choices, tenant)))
+        return pool_plan
+
+    async def _route_in_plan(self, route_req: RouteRequest, pool_plan: fallbacks.PoolPlan, permit: Permit,
+                             body_bytes: int, record: dict | None, span) -> tuple[RouteTicket, RouteRequest]:
+        """The ticket in the pool admission gave the request, with the request as routed there (the model
+        its workers serve); a prompt too long for that pool moves on to the first longer-context
+        fallback that takes it (admitted there first), if its rule has one."""
+        longer = [c for c in pool_plan.longer_context if c.pool != permit.request.pool]
+        while True:
+            pool = permit.request.pool
+            model = pool_plan.choice(pool).model
+            routed = route_req if model == route_req.model else replace(route_req, model=model)
+            try:
+                return await self._route(routed, pool, body_bytes, record), routed
+            except ApiError as exc:
+                if exc.code != fallbacks.CONTEXT_LENGTH_EXCEEDED or not longer:
+                    raise
+            target = longer.pop(0)
+            await self.admission.move(permit, target.pool)
+            fallbacks.note_move(self.metrics, record, span, pool, target.pool, fallbacks.CONTEXT_LENGTH_EXCEEDED)
 
     async def _route(self, route_req: RouteRequest, pool: str, body_bytes: int, record: dict | None) -> RouteTicket:
         """The routing ticket; a large request's prompt is tokenized off the event loop first (and
@@ -244,7 +278,7 @@ class ProxyEndpoint:
                 token_ids = self.router.tokenize(route_req, pool)
             if record is not None and self.telemetry.log_prompt_token_ids:
                 record["prompt_token_ids"] = token_ids
-            ticket = self.router.route(route_req, token_ids)
+            ticket = self.router.route(route_req, token_ids, pool=pool)
         except NoRouteError as exc:
             raise self._no_route(route_req, exc) from None
         except PromptTooLongError as exc:
@@ -295,7 +329,7 @@ class ProxyEndpoint:
                        receive: Receive, send: Send) -> None:
         """The answer, with raw ASGI messages: a stream as one body message per upstream read, or the
         assembled response; a client that goes away meanwhile cancels the rest upstream (499)."""
-        headers = [(b"x-kvgate-worker", session.tried[-1].encode())]
+        headers = [(b"x-kvgate-worker", session.tried[-1].encode()), (b"x-kvgate-pool", session.req.pool.encode())]
         rate_limits = session.permit.rate_limit_headers()
         if rate_limits:
             headers += rate_limits

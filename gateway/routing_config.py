@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from gateway.metrics import GatewayMetrics
-from kvgate.config import ConfigError, KvgateConfig, PolicyConfig, RuleConfig, load_policy_file
+from kvgate.config import ConfigError, FallbackConfig, KvgateConfig, PoolConfig, RuleConfig, load_policy_file
 from router.router import Router
-from router.rules import RoutingRule, RoutingRules, RuleMatch, rule
+from router.rules import Fallback, RoutingRule, RoutingRules, RuleMatch, rule
 
 log = logging.getLogger("kvgate.gateway")
 T = TypeVar("T")
@@ -30,7 +30,7 @@ def routing_rules(config: KvgateConfig) -> RoutingRules:
     """The rules the gateway starts with; ConfigError naming the YAML path (and file) otherwise."""
     path = config.routing.policies_file
     if path is None:
-        return RoutingRules(tuple(_pool_rule(name, pool.model, pool.policy) for name, pool in config.pools.items()))
+        return RoutingRules(tuple(_pool_rule(name, pool) for name, pool in config.pools.items()))
     try:
         return rules_from_file(path, config.pools)
     except ConfigError as exc:
@@ -55,23 +55,32 @@ def rules_from_file(path: str | Path, pools: Collection[str]) -> RoutingRules:
     return RoutingRules(tuple(_file_rule(r, f"rules[{i}]", pools) for i, r in enumerate(policy_file.rules)))
 
 
-def _pool_rule(pool: str, model: str, policy: PolicyConfig) -> RoutingRule:
-    return _at(f"pools.{pool}.policy", lambda: rule(pool, pool, policy_type=policy.type, parameters=policy.parameters,
-                                                     match=RuleMatch(model=model)))
+def _pool_rule(name: str, pool: PoolConfig) -> RoutingRule:
+    policy = pool.policy
+    return _at(f"pools.{name}.policy", lambda: rule(name, name, policy_type=policy.type, parameters=policy.parameters,
+                                                     match=RuleMatch(model=pool.model),
+                                                     fallbacks=_fallbacks(pool.fallbacks)))
+
+
+def _fallbacks(configs: tuple[FallbackConfig, ...]) -> tuple[Fallback, ...]:
+    return tuple(Fallback(f.pool, frozenset(f.when)) for f in configs)
 
 
 def _file_rule(config: RuleConfig, where: str, pools: Collection[str]) -> RoutingRule:
-    for key in ("pool", "fallback_pool"):
-        pool = getattr(config, key)
-        if pool is not None and pool not in pools:
-            raise ConfigError(f"{where}.{key}", f"unknown pool {pool!r}")
+    if config.pool not in pools:
+        raise ConfigError(f"{where}.pool", f"unknown pool {config.pool!r}")
+    if config.fallback_pool is not None and config.fallback_pool not in pools:
+        raise ConfigError(f"{where}.fallback_pool", f"unknown pool {config.fallback_pool!r}")
+    for i, fallback in enumerate(config.fallbacks):
+        if fallback.pool not in pools:
+            raise ConfigError(f"{where}.fallbacks[{i}].pool", f"unknown pool {fallback.pool!r}")
     m = config.match
     match = RuleMatch(model=m.model, tenant=m.tenant, priority=m.priority, path=m.path,
                       headers=tuple((name.lower(), value) for name, value in m.header.items()))
     policy = config.policy
     return _at(f"{where}.policy", lambda: rule(config.name, config.pool, policy_type=policy.type,
                                                 parameters=policy.parameters, match=match,
-                                                fallback_pool=config.fallback_pool))
+                                                fallbacks=_fallbacks(config.fallback_list())))
 
 
 def _at(where: str, build: Callable[[], T]) -> T:

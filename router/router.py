@@ -35,7 +35,19 @@ log = logging.getLogger(__name__)
 
 
 class NoRouteError(LookupError):
-    """No rule matches the request, or neither its pool nor its fallback has a healthy worker."""
+    """No rule matches the request, or neither its pool nor a fallback it may move to has a healthy worker."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolChoice:
+    """A pool a request may be served by: its rule's own (reasons empty) or one of the rule's fallbacks, in
+    order, with the reasons that may move the request there. model: the name its workers serve (the
+    request's own in the rule's pool); available: it has a healthy worker for that model now."""
+
+    pool: str
+    model: str
+    reasons: frozenset[str]
+    available: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +85,14 @@ class Router:
         key_cache: PrefixKeyCache | None = None,
         max_model_lens: Mapping[str, int] | None = None,
         tenant_cache_salts: Mapping[str, str] | None = None,
+        pool_models: Mapping[str, str] | None = None,
     ) -> None:
         """key_cache: recent prompts whose block keys are kept, so the next turn of a conversation
         hashes only its new blocks (default: 256 prompts in 16 MiB). index, load, key_cache: given
         by tests and benchmarks that look inside; the gateway leaves them to the router.
         max_model_lens: pool -> the most prompt tokens its workers take (no limit for a pool not
-        named). tenant_cache_salts: tenant -> cache salt, for tenants whose block keys are their own."""
+        named). tenant_cache_salts: tenant -> cache salt, for tenants whose block keys are their own.
+        pool_models: pool -> the model its workers serve, for a fallback pool (default: its workers' model)."""
         self._index = index or KvIndex(clock=clock)
         self._load = load or LoadView(clock=clock)
         self._loads = self._load.loads  # the view's own dict (read per decision; the view changes it in place)
@@ -88,14 +102,17 @@ class Router:
         self._tokenizers = dict(tokenizers or {})
         self._max_model_lens = dict(max_model_lens or {})
         self._cache_salts = dict(tenant_cache_salts or {})
+        self._pool_models = dict(pool_models or {})
         self._approximate = RoutingTokenizer.approximate()
         self._rng = rng or random.Random()
         self._pools: dict[str, list[WorkerSpec]] = {}
         self._specs: dict[str, WorkerSpec] = {}
         self._out_of_rotation: set[str] = set()
-        # (pool, fallback, model) -> (pool chosen, its healthy specs); cleared on any fleet change
-        self._candidate_cache: dict[tuple[str, str | None, str | None], tuple[str, list[WorkerSpec]]] = {}
-        self._instances: dict[str, Policy] = {}
+        # (pool, model) -> its healthy specs serving model, (rule, model) -> its pool choices; both cleared on
+        # any fleet change (the choices on a rules change too)
+        self._candidate_cache: dict[tuple[str, str], list[WorkerSpec]] = {}
+        self._choice_cache: dict[tuple[str, str], tuple[PoolChoice, ...]] = {}
+        self._instances: dict[tuple[str, str], Policy] = {}  # (rule, pool) -> its policy
         self._books = TicketBooks(self._load, self._index, self._pools, {})
         # told of every decision (worker, the prompt's block keys there, the prediction's TTL or None for
         # the index's): the gateway shares them with its peer replicas, which apply them with peer_routed()
@@ -115,6 +132,7 @@ class Router:
         self._pools.setdefault(pool, []).append(spec)
         self._specs[spec.worker_id] = spec
         self._candidate_cache.clear()
+        self._choice_cache.clear()
         self._index.add_worker(spec.worker_id, model_name=spec.model, max_blocks=spec.num_blocks)
         self._load.add_worker(spec.worker_id)
 
@@ -128,6 +146,7 @@ class Router:
         self._placements.forget_worker(worker_id)
         self._out_of_rotation.discard(worker_id)
         self._candidate_cache.clear()
+        self._choice_cache.clear()
 
     def worker_failed(self, worker_id: str) -> None:
         """The worker failed (health checks or breaker): what its cache holds is unknown from now."""
@@ -136,6 +155,7 @@ class Router:
     def set_in_rotation(self, worker_id: str, in_rotation: bool) -> None:
         (self._out_of_rotation.discard if in_rotation else self._out_of_rotation.add)(worker_id)
         self._candidate_cache.clear()
+        self._choice_cache.clear()
 
     def worker_cache_config(self, worker_id: str, *, num_blocks: int | None = None,
                             block_size: int | None = None) -> None:
@@ -163,6 +183,7 @@ class Router:
         for specs in self._pools.values():
             specs[:] = [known if s.worker_id == worker_id else s for s in specs]
         self._candidate_cache.clear()
+        self._choice_cache.clear()
         if "num_blocks" in changes:
             self._index.set_capacity(worker_id, num_blocks)
 
@@ -180,6 +201,7 @@ class Router:
         """New routing rules (a reloaded policy file); policies are built afresh for them."""
         self._rules = rules
         self._instances = {}
+        self._choice_cache.clear()
 
     def stats(self) -> RouterStats:
         closed_loop = {pool: ClosedLoopStats(s.outcomes, s.predicted_cached_tokens, s.reported_cached_tokens,
@@ -193,9 +215,34 @@ class Router:
     # -- routing ---------------------------------------------------------------------------------
 
     def pool_for(self, req: RouteRequest) -> str:
-        """The pool route() would send req to now (its rule's pool, or the fallback), without
-        tokenizing: admission queues a request in that pool's queue before it is routed."""
-        return self._candidates(self._rule_for(req), req.model)[0]
+        """The pool route() would send req to now without a pool named: its rule's pool, or the first
+        fallback that takes it when that pool is unavailable; NoRouteError when none has a healthy worker."""
+        for choice in self.pool_choices(req):
+            if choice.available and (not choice.reasons or "unavailable" in choice.reasons):
+                return choice.pool
+        raise self._unavailable(self._rule_for(req), req.model)
+
+    def pool_choices(self, req: RouteRequest) -> tuple[PoolChoice, ...]:
+        """req's rule's pool, then each of its fallbacks in order (without tokenizing): the gateway picks
+        one at arrival (gateway/fallbacks.py). NoRouteError when no rule matches."""
+        rule = self._rule_for(req)
+        cache_key = (rule.name, req.model)
+        cached = self._choice_cache.get(cache_key)
+        if cached is not None:
+            return cached
+        choices = [PoolChoice(rule.pool, req.model, frozenset(), bool(self._candidates(rule.pool, req.model)))]
+        for fallback in rule.fallbacks:
+            model = self.pool_model(fallback.pool) or req.model
+            choices.append(PoolChoice(fallback.pool, model, fallback.when, bool(self._candidates(fallback.pool, model))))
+        self._choice_cache[cache_key] = found = tuple(choices)
+        return found
+
+    def pool_model(self, pool: str) -> str | None:
+        """The model pool's workers serve (None for a pool unknown here with no worker yet)."""
+        model = self._pool_models.get(pool)
+        if model is None and self._pools.get(pool):
+            model = self._pools[pool][0].model
+        return model
 
     def tokenize(self, req: RouteRequest, pool: str) -> list[int]:
         """req's prompt as token ids, checked against pool's max_model_len (PromptTooLongError,
@@ -204,11 +251,16 @@ class Router:
         tokenizer = self._tokenizers.get(req.model, self._approximate)
         return self._tokenize(tokenizer, req, self._max_model_lens.get(pool))
 
-    def route(self, req: RouteRequest, token_ids: list[int] | None = None) -> RouteTicket:
+    def route(self, req: RouteRequest, token_ids: list[int] | None = None, pool: str | None = None) -> RouteTicket:
         """Tokenize (unless token_ids, from tokenize(), are given), key, match, score: a ticket with
-        the ranked candidates, the first recorded as predicted."""
+        the ranked candidates, the first recorded as predicted. pool: where the gateway placed req (its
+        rule's pool or a fallback, req.model the model served there); default: pool_for(req)."""
         rule = self._rule_for(req)
-        pool, specs = self._candidates(rule, req.model)
+        if pool is None:
+            pool = self.pool_for(req)
+        specs = self._candidates(pool, req.model)
+        if not specs:
+            raise self._unavailable(rule, req.model, pool)
         tokenizer = self._tokenizers.get(req.model, self._approximate)
         if token_ids is None:
             token_ids = self._tokenize(tokenizer, req, self._max_model_lens.get(pool))
@@ -220,7 +272,7 @@ class Router:
         horizon = self._eviction_horizon
         matches = {size: self._index.match(keys, horizon) for size, keys in keys_by_size.items()}
         views = self._views(specs, matches)
-        policy = self._policy(rule)
+        policy = self._policy(rule, pool)
         placed_keys = keys_by_size[specs[0].block_size]
         # a conversation's first turn has no home: where the last conversation sharing its system prompt
         # went says nothing of where this one (and its later turns) should go
@@ -290,28 +342,29 @@ class Router:
             raise NoRouteError(f"no routing rule matches model={req.model!r} path={req.path!r}")
         return rule
 
-    def _policy(self, rule: RoutingRule) -> Policy:
-        policy = self._instances.get(rule.name)
+    def _policy(self, rule: RoutingRule, pool: str) -> Policy:
+        """The rule's policy over one of its pools (its own, or a fallback): an instance each."""
+        policy = self._instances.get((rule.name, pool))
         if policy is None:
-            policy = self._instances[rule.name] = build_policy(rule.policy_type, rule.policy_params, self._rng)
+            policy = self._instances[(rule.name, pool)] = build_policy(rule.policy_type, rule.policy_params, self._rng)
         return policy
 
-    def _candidates(self, rule: RoutingRule, model: str) -> tuple[str, list[WorkerSpec]]:
-        cache_key = (rule.pool, rule.fallback_pool, model)
-        cached = self._candidate_cache.get(cache_key)
-        if cached is not None:
-            return cached
-        for pool in (rule.pool, rule.fallback_pool):
-            if pool is None:
-                continue
-            specs = [
+    def _candidates(self, pool: str, model: str) -> list[WorkerSpec]:
+        """pool's workers in rotation that serve model (empty: the pool is unavailable for it)."""
+        cache_key = (pool, model)
+        specs = self._candidate_cache.get(cache_key)
+        if specs is None:
+            specs = self._candidate_cache[cache_key] = [
                 s for s in self._pools.get(pool, ()) if s.model == model and s.worker_id not in self._out_of_rotation
             ]
-            if specs:
-                self._candidate_cache[cache_key] = (pool, specs)
-                return pool, specs
-        raise NoRouteError(f"rule {rule.name!r}: no healthy worker for model {model!r} in pool {rule.pool!r}"
-                           + (f" or fallback {rule.fallback_pool!r}" if rule.fallback_pool else ""))
+        return specs
+
+    @staticmethod
+    def _unavailable(rule: RoutingRule, model: str, pool: str | None = None) -> NoRouteError:
+        fallbacks = [f.pool for f in rule.fallbacks if "unavailable" in f.when]
+        where = f"pool {pool or rule.pool!r}" + (f" or fallback {', '.join(map(repr, fallbacks))}"
+                                                  if fallbacks and pool in (None, rule.pool) else "")
+        return NoRouteError(f"rule {rule.name!r}: no healthy worker for model {model!r} in {where}")
 
     @staticmethod
     def _tokenize(tokenizer: RoutingTokenizer, req: RouteRequest, max_num_tokens: int | None) -> list[int]:

@@ -7,7 +7,7 @@ this module only matches requests against them.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,17 +38,33 @@ class RuleMatch:
         return not self.headers or all(req.headers.get(name) == value for name, value in self.headers)
 
 
+FALLBACK_REASONS = ("overloaded", "unavailable", "context_length_exceeded")
+
+
+@dataclass(frozen=True, slots=True)
+class Fallback:
+    """A pool a rule's requests may move to, and the reasons (FALLBACK_REASONS) that move them there."""
+
+    pool: str
+    when: frozenset[str]
+
+    def __post_init__(self) -> None:
+        if unknown := self.when - set(FALLBACK_REASONS):
+            raise ValueError(f"fallbacks: unknown reason(s) {sorted(unknown)}")
+
+
 @dataclass(frozen=True, slots=True)
 class RoutingRule:
-    """One named rule: requests it matches go to pool with this policy (fallback_pool if empty).
-    policy_params are the policy's validated parameters (router.policies.build_params)."""
+    """One named rule: requests it matches go to pool with this policy, or to its fallbacks in order
+    (each for the reasons it lists). policy_params are the policy's validated parameters
+    (router.policies.build_params)."""
 
     name: str
     match: RuleMatch
     pool: str
     policy_type: str
     policy_params: Any
-    fallback_pool: str | None = None
+    fallbacks: tuple[Fallback, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +78,10 @@ class RoutingRules:
 
 
 def rule(name: str, pool: str, *, policy_type: str = "kv_aware", parameters: Mapping[str, Any] | None = None,
-         match: RuleMatch = RuleMatch(), fallback_pool: str | None = None) -> RoutingRule:
-    """A rule with its policy's parameters validated; ValueError('type: ...' or 'parameters.NAME: ...')."""
-    return RoutingRule(name, match, pool, policy_type, build_params(policy_type, parameters or {}), fallback_pool)
+         match: RuleMatch = RuleMatch(), fallbacks: Sequence[Fallback] = (),
+         fallback_pool: str | None = None) -> RoutingRule:
+    """A rule with its policy's parameters validated; ValueError('type: ...' or 'parameters.NAME: ...').
+    fallback_pool: short for one fallback there when the pool is unavailable."""
+    if fallback_pool is not None:
+        fallbacks = (*fallbacks, Fallback(fallback_pool, frozenset({"unavailable"})))
+    return RoutingRule(name, match, pool, policy_type, build_params(policy_type, parameters or {}), tuple(fallbacks))

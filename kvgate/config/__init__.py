@@ -12,6 +12,7 @@ from kvgate.config.schema import (
     ApiKeyConfig,
     AuthConfig,
     BreakerConfig,
+    FallbackConfig,
     HealthConfig,
     KvgateConfig,
     LaunchConfig,
@@ -40,7 +41,7 @@ def load_policy_file(path: str | Path, env: Mapping[str, str] | None = None) -> 
 
 
 __all__ = [
-    "ApiKeyConfig", "AuthConfig", "BreakerConfig", "ConfigError", "HealthConfig", "KvgateConfig", "LaunchConfig",
+    "ApiKeyConfig", "AuthConfig", "BreakerConfig", "ConfigError", "FallbackConfig", "HealthConfig", "KvgateConfig", "LaunchConfig",
     "LimitsConfig", "LoggingConfig", "OutlierConfig", "PolicyConfig", "PolicyFileConfig", "PoolAdmissionConfig", "PoolConfig",
     "PricesConfig", "RedisConfig", "RoutingConfig", "RuleConfig", "RuleMatchConfig", "ServerConfig", "TenantConfig",
     "TracingConfig", "UpstreamConfig", "WorkerConfig",

@@ -27,6 +27,7 @@ class TenantConfig:
     max_concurrency: int | None = None  # requests in flight (per gateway replica: max / redis.replicas)
     deadline_ms: float | None = None  # when the client sends no x-request-deadline-ms
     cache_isolation: bool | str = False  # true (or a salt shared by tenants who may share): keys of its own
+    fallbacks: bool | tuple[str, ...] = True  # may its requests move to a rule's fallback pools (or only these)?
 
     def __post_init__(self) -> None:
         for name in ("weight", "requests_per_s", "requests_burst", "tokens_per_min", "tokens_burst",

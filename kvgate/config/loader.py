@@ -106,9 +106,24 @@ def _convert_optional(tp: Any, value: Any, path: str, env: Mapping[str, str]) ->
         return None
     if len(args) == 1:
         return _convert(args[0], value, path, env)
-    if not all(a in _SCALAR_NAMES for a in args):
+    lists = [a for a in args if typing.get_origin(a) is tuple]
+    scalars = [a for a in args if a in _SCALAR_NAMES]
+    if len(lists) > 1 or len(lists) + len(scalars) != len(args):
         raise TypeError(f"unsupported config type {tp}")
-    return _convert_scalar_union(args, value, path)
+    if lists and isinstance(value, list):  # e.g. bool | tuple[str, ...]: true, or a list
+        return _convert(lists[0], value, path, env)
+    if lists and not any(_fits(a, value) for a in scalars):
+        expected = " or ".join([*(_SCALAR_NAMES[a] for a in scalars), "a list"])
+        raise ConfigError(path, f"expected {expected}, got {_type_name(value)}")
+    return _convert_scalar_union(scalars, value, path)
+
+
+def _fits(tp: Any, value: Any) -> bool:
+    try:
+        _convert_scalar(tp, value, "")
+    except ConfigError:
+        return False
+    return True
 
 
 _SCALAR_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from kvgate.config.admission import PriorityName
 from kvgate.config.loader import ConfigError
-from kvgate.config.schema import PolicyConfig
+from kvgate.config.schema import FallbackConfig, PolicyConfig, check_fallbacks
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,19 +26,29 @@ class RuleMatchConfig:
 
 @dataclass(frozen=True, slots=True)
 class RuleConfig:
-    """One named rule: matching requests go to pool with policy (fallback_pool when pool has no
-    healthy worker for the model)."""
+    """One named rule: matching requests go to pool with policy, or move to its fallbacks in order (when each
+    allows); `fallback_pool: X` is short for `fallbacks: [{pool: X, when: [unavailable]}]`."""
 
     name: str
     pool: str
     match: RuleMatchConfig = field(default_factory=RuleMatchConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     fallback_pool: str | None = None
+    fallbacks: tuple[FallbackConfig, ...] = ()
 
     def __post_init__(self) -> None:
         for key in ("name", "pool", "fallback_pool"):
             if getattr(self, key) == "":
                 raise ConfigError(key, "must be a non-empty string")
+        if self.fallback_pool is not None and self.fallbacks:
+            raise ConfigError("fallback_pool", "give fallbacks or fallback_pool, not both")
+        check_fallbacks(self.pool, self.fallback_list(), "fallback_pool" if self.fallback_pool else "fallbacks")
+
+    def fallback_list(self) -> tuple[FallbackConfig, ...]:
+        """fallbacks, or fallback_pool as the one fallback it is short for."""
+        if self.fallback_pool is not None:
+            return (FallbackConfig(self.fallback_pool, ("unavailable",)),)
+        return self.fallbacks
 
 
 @dataclass(frozen=True, slots=True)

@@ -331,6 +331,38 @@ class RoutingConfig:
         return self.debug_header or tenant in self.debug_header_tenants
 
 
+FallbackReason = Literal["overloaded", "unavailable", "context_length_exceeded"]
+FALLBACK_REASONS: tuple[FallbackReason, ...] = ("overloaded", "unavailable", "context_length_exceeded")
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackConfig:
+    """A pool a rule's requests may move to, and when (docs/fallbacks.md): the rule's pool would refuse the
+    request at arrival (overloaded), has no healthy worker or failed every attempt before a first token
+    (unavailable), or takes no prompt that long (context_length_exceeded)."""
+
+    pool: str
+    when: tuple[FallbackReason, ...] = ("unavailable",)
+
+    def __post_init__(self) -> None:
+        if not self.pool:
+            raise ConfigError("pool", "must be a non-empty string")
+        if not self.when:
+            raise ConfigError("when", f"must list at least one of {', '.join(FALLBACK_REASONS)}")
+        if len(set(self.when)) != len(self.when):
+            raise ConfigError("when", "lists a reason twice")
+
+
+def check_fallbacks(pool: str, fallbacks: tuple[FallbackConfig, ...], key: str = "fallbacks") -> None:
+    """ConfigError unless each fallback pool is another pool than the rule's own, each named once."""
+    seen = {pool}
+    for i, fallback in enumerate(fallbacks):
+        if fallback.pool in seen:
+            what = "the rule's own pool" if fallback.pool == pool else "already listed"
+            raise ConfigError(f"{key}[{i}].pool", f"{fallback.pool!r} is {what}")
+        seen.add(fallback.pool)
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
     """A routing policy: a type name and its parameters (the router checks both when the gateway
@@ -351,6 +383,7 @@ class PoolConfig:
     admission: PoolAdmissionConfig = field(default_factory=PoolAdmissionConfig)
     prices: PricesConfig = field(default_factory=PricesConfig)
     max_model_len: int | None = None  # the most prompt tokens routed here; default: see prompt_token_limit
+    fallbacks: tuple[FallbackConfig, ...] = ()  # where this pool's requests may move (without a policies file)
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -402,6 +435,7 @@ class KvgateConfig:
         self._check_unique_names()
         self._check_unique_ports()
         self._check_tenants()
+        self._check_fallbacks()
 
     def _workers_at(self) -> list[tuple[str, WorkerConfig]]:
         """(YAML path, worker) for every worker, in file order."""
@@ -429,6 +463,19 @@ class KvgateConfig:
                 if port in users:
                     raise ConfigError(f"{where}.{key}", f"port {port}{note} is already used by {users[port]}")
                 users[port] = f"{where}.{key}{note}"
+
+    def _check_fallbacks(self) -> None:
+        """Pools' fallbacks and tenants' fallback lists name pools that exist."""
+        for pool_name, pool in self.pools.items():
+            check_fallbacks(pool_name, pool.fallbacks, f"pools.{pool_name}.fallbacks")
+            for i, fallback in enumerate(pool.fallbacks):
+                if fallback.pool not in self.pools:
+                    raise ConfigError(f"pools.{pool_name}.fallbacks[{i}].pool", f"unknown pool {fallback.pool!r}")
+        for name, tenant in self.tenants.items():
+            if isinstance(tenant.fallbacks, tuple):
+                for i, pool_name in enumerate(tenant.fallbacks):
+                    if pool_name not in self.pools:
+                        raise ConfigError(f"tenants.{name}.fallbacks[{i}]", f"unknown pool {pool_name!r}")
 
     def _check_tenants(self) -> None:
         """Tenant names are names; once tenants are listed, every configured key names one of them."""

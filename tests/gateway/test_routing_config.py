@@ -15,6 +15,7 @@ from gateway.routing_config import PolicyFileWatcher, routing_rules, rules_from_
 from kvgate.config import ConfigError, KvgateConfig, build
 from router.policies.kv_aware import KvAwareParams
 from router.router import Router
+from router.rules import Fallback
 from router.types import RouteRequest, WorkerSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +47,8 @@ def req(**kw: object) -> RouteRequest:
 
 def test_good_file_loads_with_validated_parameters(tmp_path) -> None:
     premium, everyone = rules_from_file(write(tmp_path, GOOD), POOLS).rules
-    assert (premium.pool, premium.fallback_pool, premium.policy_type) == ("fast", "slow", "kv_aware")
+    assert (premium.pool, premium.policy_type) == ("fast", "kv_aware")
+    assert premium.fallbacks == (Fallback("slow", frozenset({"unavailable"})),)  # fallback_pool's meaning
     assert premium.policy_params == KvAwareParams(slack=0.2)
     assert premium.match.headers == (("x-team", "search"),)  # header names are case-insensitive
     assert everyone.policy_type == "kv_aware"
@@ -73,7 +75,7 @@ def test_first_matching_rule_wins(tmp_path, request_fields: dict, rule: str) -> 
         ("rules: []", "rules: must be a non-empty list"),
         ("rulez: []", "rulez: unknown key (expected one of: rules)"),
         ("rules: [{name: a, pool: p, colour: red}]",
-         "rules[0].colour: unknown key (expected one of: name, pool, match, policy, fallback_pool)"),
+         "rules[0].colour: unknown key (expected one of: name, pool, match, policy, fallback_pool, fallbacks)"),
         ("rules: [{name: a, pool: p}, {name: a, pool: q}]", "rules[1].name: duplicate rule name 'a' (also rules[0])"),
         ("rules: [{name: a}]", "rules[0].pool: required"),
         ("rules: [{name: a, pool: ''}]", "rules[0].pool: must be a non-empty string"),
@@ -92,13 +94,26 @@ def test_first_matching_rule_wins(tmp_path, request_fields: dict, rule: str) -> 
         ("rules: [{name: a, pool: p, match: {header: [x]}}]", "rules[0].match.header: expected a mapping, got a list"),
         ("rules: [{name: a, pool: p, fallback_pool: [x]}]", "rules[0].fallback_pool: expected a string, got a list"),
         ("rules: [{name: a, pool: p, fallback_pool: nowhere}]", "rules[0].fallback_pool: unknown pool 'nowhere'"),
+        ("rules: [{name: a, pool: p, fallbacks: [{pool: nowhere, when: [overloaded]}]}]",
+         "rules[0].fallbacks[0].pool: unknown pool 'nowhere'"),
+        ("rules: [{name: a, pool: p, fallbacks: [{pool: q, when: [busy]}]}]",
+         "rules[0].fallbacks[0].when[0]: must be one of: overloaded, unavailable, context_length_exceeded (got 'busy')"),
+        ("rules: [{name: a, pool: p, fallbacks: [{pool: q, when: []}]}]",
+         "rules[0].fallbacks[0].when: must list at least one of overloaded, unavailable, context_length_exceeded"),
+        ("rules: [{name: a, pool: p, fallbacks: [{pool: q}, {pool: q}]}]",
+         "rules[0].fallbacks[1].pool: 'q' is already listed"),
+        ("rules: [{name: a, pool: p, fallbacks: [{pool: p}]}]", "rules[0].fallbacks[0].pool: 'p' is the rule's own pool"),
+        ("rules: [{name: a, pool: p, fallback_pool: q, fallbacks: [{pool: q}]}]",
+         "rules[0].fallback_pool: give fallbacks or fallback_pool, not both"),
         ("- just a list", "expected a mapping, got a list"),
         ("rules: [{name: a, pool: p}", "not valid YAML at line 1, column 27: expected ',' or ']', but got '<stream end>'"),
     ],
     ids=[
         "empty-rules", "unknown-top-key", "unknown-rule-key", "duplicate-name", "missing-pool", "empty-pool",
         "unknown-type", "unknown-parameter", "bad-parameter-value", "unknown-policy-key", "unknown-match-key",
-        "priority-not-a-class", "header-not-map", "fallback-not-string", "unknown-fallback-pool", "not-a-map",
+        "priority-not-a-class", "header-not-map", "fallback-not-string", "unknown-fallback-pool",
+        "unknown-fallbacks-pool", "unknown-fallback-reason", "no-fallback-reason", "fallback-pool-twice",
+        "fallback-to-own-pool", "fallback-pool-and-fallbacks", "not-a-map",
         "invalid-yaml",
     ],
 )
@@ -110,7 +125,7 @@ def test_bad_files_are_rejected_with_the_yaml_path(tmp_path, text: str, message:
 
 def test_unknown_pool_is_rejected(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"^rules\[1\].pool: unknown pool 'slow'$"):
-        rules_from_file(write(tmp_path, GOOD.replace("fallback_pool: slow", "fallback_pool: fast")), {"fast"})
+        rules_from_file(write(tmp_path, GOOD.replace("    fallback_pool: slow\n", "")), {"fast"})
 
 
 def test_example_default_file_loads() -> None:

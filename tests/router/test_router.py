@@ -11,8 +11,8 @@ from router.block_keys import block_keys
 from router.kv_events import BlockStored
 from router.kv_index import KvIndex
 from router.load_view import LoadView
-from router.router import NoRouteError, Router
-from router.rules import RoutingRules, RuleMatch, rule
+from router.router import NoRouteError, PoolChoice, Router
+from router.rules import Fallback, RoutingRules, RuleMatch, rule
 from router.tokenization import RoutingTokenizer
 from router.types import RouteRequest, WorkerSpec
 
@@ -100,6 +100,31 @@ def test_unhealthy_pool_falls_back(parts) -> None:
         parts.router.set_in_rotation(f"w{i}", False)
     decision = parts.router.route(RouteRequest(model="m", prompt=PROMPT)).decision
     assert (decision.worker_ids, decision.pool) == (("s0",), "spare")
+
+
+def test_a_rules_pool_choices_name_each_fallbacks_model_reasons_and_health(clock) -> None:
+    rules = RoutingRules((rule("default", "big", fallbacks=(
+        Fallback("small", frozenset({"overloaded", "unavailable"})), Fallback("long", frozenset({"context_length_exceeded"})))),))
+    pools = {"big": [WorkerSpec("b0", "big-m", 16)], "small": [WorkerSpec("s0", "small-m", 16)], "long": []}
+    router = Router(pools, rules, clock=clock, rng=random.Random(0), pool_models={"long": "long-m"})
+    big, small, long = router.pool_choices(RouteRequest(model="big-m", prompt=PROMPT))
+    assert big == PoolChoice("big", "big-m", frozenset(), True)
+    assert small == PoolChoice("small", "small-m", frozenset({"overloaded", "unavailable"}), True)
+    assert long == PoolChoice("long", "long-m", frozenset({"context_length_exceeded"}), False)  # no worker yet
+    router.set_in_rotation("s0", False)
+    assert not router.pool_choices(RouteRequest(model="big-m", prompt=PROMPT))[1].available  # fleet changes show
+
+
+def test_a_request_placed_in_a_fallback_pool_is_routed_there_with_that_pools_model(clock) -> None:
+    rules = RoutingRules((rule("default", "big", fallbacks=(Fallback("small", frozenset({"overloaded"})),)),))
+    router = Router({"big": [WorkerSpec("b0", "big-m", 16)], "small": [WorkerSpec("s0", "small-m", 16)]}, rules,
+                    clock=clock, rng=random.Random(0))
+    decision = router.route(RouteRequest(model="small-m", prompt=PROMPT), pool="small").decision
+    assert (decision.pool, decision.worker_ids, decision.rule) == ("small", ("s0",), "default")
+    assert router.pool_for(RouteRequest(model="big-m", prompt=PROMPT)) == "big"
+    router.set_in_rotation("b0", False)  # an overload-only fallback does not take an unavailable pool's requests
+    with pytest.raises(NoRouteError, match="no healthy worker for model 'big-m' in pool 'big'"):
+        router.pool_for(RouteRequest(model="big-m", prompt=PROMPT))
 
 
 def test_no_worker_for_the_model_is_a_no_route_error(parts) -> None:
