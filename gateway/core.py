@@ -59,7 +59,8 @@ class GatewayCore:
         max_model_lens = prompt_token_limits(config)
         self.router = Router(_worker_specs(config), rules, tokenizers=self.tokenizers, rng=self.rng,
                              max_model_lens=max_model_lens, tenant_cache_salts=tenant_cache_salts(config),
-                             pool_models={name: pool.model for name, pool in config.pools.items()})
+                             pool_models={name: pool.model for name, pool in config.pools.items()},
+                             slow_start_s={name: pool.slow_start_s for name, pool in config.pools.items()})
         # the longest prompt any pool takes (None while some pool's limit is unknown)
         self.longest_prompt_tokens = (max(max_model_lens.values())
                                       if max_model_lens and len(max_model_lens) == len(config.pools) else None)

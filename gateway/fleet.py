@@ -56,6 +56,7 @@ class Worker:
     failed: bool = False  # health checks failing or breaker open
     answered: bool = False  # has passed a health check since the gateway started
     has_left_rotation: bool = False  # was in rotation and left it since the gateway started (a return is a rejoin)
+    cold: bool = False  # its next entry into rotation starts a warm-up (registered while running, or it failed)
     subscriber: KvEventSubscriber | None = field(default=None, repr=False)
 
 
@@ -113,6 +114,7 @@ class Fleet:
             raise ValueError(f"worker {wc.name!r} is already in the fleet")
         worker = self._add(pool_name, wc)
         self.router.worker_joined(pool_name, spec)
+        self.router.start_warm_up(wc.name)  # a worker new to the pool starts cold: its share ramps up
         self._subscribe(worker)
         await self._check(worker, initial=True)
         log.info("worker %s joined pool %s at %s", wc.name, pool_name, worker.url)
@@ -147,6 +149,15 @@ class Fleet:
         return any(w.pool == worker.pool and w is not worker and self.available(w.worker_id)
                    for w in self.workers.values())
 
+    def warming(self) -> dict[str, dict[str, float]]:
+        """pool -> {worker: its share of new requests} for the workers still warming up (slow start)."""
+        warming: dict[str, dict[str, float]] = {}
+        for worker_id, share in self.router.warm_up_shares().items():
+            worker = self.workers.get(worker_id)
+            if worker is not None and worker.in_rotation:
+                warming.setdefault(worker.pool, {})[worker_id] = round(share, 3)
+        return warming
+
     def pools_without_workers(self) -> list[str]:
         """Configured pools with no worker in rotation (none healthy, or none registered yet)."""
         return sorted(p for p in self.config.pools if not any(w.pool == p and self.available(w.worker_id)
@@ -156,6 +167,7 @@ class Fleet:
         failed = not worker.healthy or worker.breaker.state == OPEN
         if failed and not worker.failed:
             self.router.worker_failed(worker.worker_id)  # its cache is unknown from here on
+            worker.cold = True  # restarted or not, it comes back to slow start
         worker.failed = failed
         in_rotation = self.available(worker.worker_id)
         if in_rotation == worker.in_rotation:
@@ -171,6 +183,9 @@ class Fleet:
                         worker.healthy, worker.breaker.state, self.outliers[worker.pool].is_ejected(worker.worker_id))
         else:
             log.info("worker %s %s rotation", worker.worker_id, "rejoined" if worker.has_left_rotation else "joined")
+            if worker.cold:
+                worker.cold = False
+                self.router.start_warm_up(worker.worker_id)
 
     def _on_breaker_change(self, worker_id: str, old: str, new: str) -> None:
         worker = self.workers.get(worker_id)

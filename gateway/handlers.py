@@ -48,11 +48,14 @@ class ServiceEndpoints:
         return JSONResponse({"status": "ok"})
 
     async def ready(self, request: Request) -> Response:
-        """200 when every pool has a worker in rotation; otherwise 503 naming what is missing."""
+        """200 when every pool has a worker in rotation; otherwise 503 naming what is missing. Workers still
+        warming up (slow start) are listed per pool with the share of new requests they take now."""
         missing = [f"pool {pool}: no healthy worker" for pool in self._fleet.pools_without_workers()]
         if missing:
             return JSONResponse({"status": "not ready", "missing": missing}, status_code=503)
         body: dict[str, Any] = {"status": "ready"}
+        if warming := self._fleet.warming():  # ready all the same: they serve, at a share ramping up
+            body["warming"] = warming
         degraded = []  # still ready: replicas serve on local state, and say so
         if await self._redis_ok() is False:
             degraded.append("redis unreachable: API keys from Redis served from cache for a bounded grace period, "

@@ -197,6 +197,13 @@ class _RouterCollector:
             lookups.add_metric([model, "hit"], hits)
             lookups.add_metric([model, "miss"], misses)
         yield lookups
+        warm_up = GaugeMetricFamily("kvgate_worker_warmup_share", "Share of the new requests the routing policy "
+                                    "would give a worker that it takes while it warms up after coming into "
+                                    "rotation cold (slow start: ramps to 1 over its pool's slow_start_s).",
+                                    labels=["worker"])
+        for worker, share in sorted(stats.warm_up.items()):
+            warm_up.add_metric([worker], share)
+        yield warm_up
 
 
 class _InFlightCollector:

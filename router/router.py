@@ -26,6 +26,7 @@ from router.load_view import LoadView
 from router.placements import Placements
 from router.policies import build_policy
 from router.rules import RoutingRule, RoutingRules
+from router.slow_start import SlowStart
 from router.subscriber import KvEventSubscriber
 from router.ticket import ClosedLoopStats, Prediction, RouteTicket, TicketBooks
 from router.tokenization import RoutingTokenizer, check_num_tokens
@@ -60,6 +61,8 @@ class RouterStats:
     # per model with an exact tokenizer: prompts its prefix cache served from a text seen before, and
     # those tokenized whole (kvgate/text_prefix_cache.py; prompts too short to look up count in neither)
     tokenizer_prefix_cache: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    # per worker: its share of new requests while it warms up after coming into rotation cold (1: warm)
+    warm_up: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def prediction_hit_ratio(self) -> float | None:
@@ -86,13 +89,16 @@ class Router:
         max_model_lens: Mapping[str, int] | None = None,
         tenant_cache_salts: Mapping[str, str] | None = None,
         pool_models: Mapping[str, str] | None = None,
+        slow_start_s: Mapping[str, float] | None = None,
     ) -> None:
         """key_cache: recent prompts whose block keys are kept, so the next turn of a conversation
         hashes only its new blocks (default: 256 prompts in 16 MiB). index, load, key_cache: given
         by tests and benchmarks that look inside; the gateway leaves them to the router.
         max_model_lens: pool -> the most prompt tokens its workers take (no limit for a pool not
         named). tenant_cache_salts: tenant -> cache salt, for tenants whose block keys are their own.
-        pool_models: pool -> the model its workers serve, for a fallback pool (default: its workers' model)."""
+        pool_models: pool -> the model its workers serve, for a fallback pool (default: its workers' model).
+        slow_start_s: pool -> how long a worker that comes into rotation cold takes to reach its full share
+        (router/slow_start.py; start_warm_up() says it came in cold)."""
         self._index = index or KvIndex(clock=clock)
         self._load = load or LoadView(clock=clock)
         self._loads = self._load.loads  # the view's own dict (read per decision; the view changes it in place)
@@ -105,6 +111,7 @@ class Router:
         self._pool_models = dict(pool_models or {})
         self._approximate = RoutingTokenizer.approximate()
         self._rng = rng or random.Random()
+        self._slow_start = SlowStart(slow_start_s, clock=clock, rng=self._rng)  # draws only while a worker warms
         self._pools: dict[str, list[WorkerSpec]] = {}
         self._specs: dict[str, WorkerSpec] = {}
         self._out_of_rotation: set[str] = set()
@@ -145,8 +152,20 @@ class Router:
         self._load.remove_worker(worker_id)
         self._placements.forget_worker(worker_id)
         self._out_of_rotation.discard(worker_id)
+        self._slow_start.forget(worker_id)
         self._candidate_cache.clear()
         self._choice_cache.clear()
+
+    def start_warm_up(self, worker_id: str) -> None:
+        """worker_id came into rotation cold (new, restarted, back after failing): it ramps up to its full share."""
+        spec = self._specs.get(worker_id)
+        pool = next((name for name, specs in self._pools.items() if spec in specs), None)
+        if pool is not None:
+            self._slow_start.begin(worker_id, pool)
+
+    def warm_up_shares(self) -> dict[str, float]:
+        """Each warming worker's share of what the policy would give it now (1 once warm: left out)."""
+        return self._slow_start.shares()
 
     def worker_failed(self, worker_id: str) -> None:
         """The worker failed (health checks or breaker): what its cache holds is unknown from now."""
@@ -210,7 +229,9 @@ class Router:
         in_flight = {worker: own[0] for worker, own in self._load.own_load().items()}
         prefix_caches = {model: (t.prefix_cache.hits, t.prefix_cache.misses)
                          for model, t in self._tokenizers.items() if t.prefix_cache is not None}
-        return RouterStats(closed_loop, self._index.stats(), in_flight, prefix_caches)
+        shares = self._slow_start.shares()
+        warm_up = {worker: shares.get(worker, 1.0) for worker in self._specs}
+        return RouterStats(closed_loop, self._index.stats(), in_flight, prefix_caches, warm_up)
 
     # -- routing ---------------------------------------------------------------------------------
 
@@ -279,7 +300,8 @@ class Router:
         home = None if req.starts_session else self._placements.home(placed_keys, req.session_id)
         decision = policy.choose(_with_prompt(req, num_prompt_tokens, placed_keys, home,
                                               self._placements.prefixes_per_worker()), views)
-        chosen = decision.worker_id
+        ranked_ids, held_back = self._slow_start.rank(decision.worker_ids, lambda w: self._held_blocks(w, matches))
+        chosen = ranked_ids[0]
         self._placements.record(placed_keys, chosen, req.session_id)
         block_size = self._specs[chosen].block_size
         confirmed, predicted = matches[block_size].get(chosen, _NOTHING_HELD)
@@ -300,13 +322,14 @@ class Router:
 
         ranked = RouteDecision(
             decision.policy,
-            decision.worker_ids,
+            tuple(ranked_ids),
             decision.explanation,
             rule=rule.name,
             pool=pool,
             num_prompt_tokens=num_prompt_tokens,
             predicted_cached_tokens=_cacheable_tokens(max(confirmed, landed), block_size, num_prompt_tokens),
             tokenizer_mode=tokenizer.mode,
+            held_back=held_back,
         )
         prediction = Prediction(chosen, keys, max(confirmed, predicted), expiry)
         if self.on_routed is not None:
@@ -348,6 +371,12 @@ class Router:
         if policy is None:
             policy = self._instances[(rule.name, pool)] = build_policy(rule.policy_type, rule.policy_params, self._rng)
         return policy
+
+    def _held_blocks(self, worker_id: str, matches: Mapping[int, Mapping[str, tuple[int, int]]]) -> int:
+        """How many of the prompt's blocks worker_id holds (confirmed, or predicted)."""
+        spec = self._specs.get(worker_id)
+        held = matches.get(spec.block_size, {}).get(worker_id) if spec is not None else None
+        return max(held) if held else 0
 
     def _candidates(self, pool: str, model: str) -> list[WorkerSpec]:
         """pool's workers in rotation that serve model (empty: the pool is unavailable for it)."""

@@ -112,6 +112,7 @@ class RouteDecision:
     num_prompt_tokens: int | None = None
     predicted_cached_tokens: int | None = None
     tokenizer_mode: str | None = None
+    held_back: str | None = None  # a warming worker the policy ranked first, held back by slow start
 
     @property
     def worker_id(self) -> str:
@@ -130,6 +131,8 @@ class RouteDecision:
             head.append(f"predicted_cached_tokens={self.predicted_cached_tokens}")
         if self.tokenizer_mode is not None:
             head.append(f"tokenizer={self.tokenizer_mode}")  # "approximate": byte chunks, no model tokenizer
+        if self.held_back is not None:
+            head.append(f"slow_start_held_back={self.held_back}")
         candidates = ", ".join(c.describe() for c in self.explanation) or ", ".join(self.worker_ids[:4])
         return " ".join(head) + " candidates=[" + candidates + "]"
 

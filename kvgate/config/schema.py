@@ -384,11 +384,14 @@ class PoolConfig:
     prices: PricesConfig = field(default_factory=PricesConfig)
     max_model_len: int | None = None  # the most prompt tokens routed here; default: see prompt_token_limit
     fallbacks: tuple[FallbackConfig, ...] = ()  # where this pool's requests may move (without a policies file)
+    slow_start_s: float = 30.0  # a worker that comes into rotation cold ramps to its full share over this; 0: off
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ConfigError("model", "must be a non-empty string")
         check_positive(self.max_model_len, "max_model_len")
+        if self.slow_start_s < 0:
+            raise ConfigError("slow_start_s", "must be >= 0 (0 turns slow start off)")
 
     def prompt_token_limit(self) -> int | None:
         """The longest prompt (in tokens) the router lets into this pool: max_model_len, else the

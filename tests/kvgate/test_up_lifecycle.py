@@ -97,7 +97,8 @@ def complete(gateway_port: int, text: str = "hi") -> httpx.Response:
                       json={"model": "tiny", "messages": [{"role": "user", "content": text}], "max_tokens": 2})
 
 
-def test_a_killed_worker_is_restarted_while_the_gateway_serves_on_the_other(tiny_llama_dir, tmp_path):
+def test_a_killed_worker_is_restarted_while_the_gateway_serves_on_the_other_and_ramps_back_in(
+        tiny_llama_dir, tmp_path):
     gateway_port = free_port()
     up = Up(write_config(tmp_path, tiny_llama_dir, gateway_port, num_workers=2))
     try:
@@ -108,6 +109,16 @@ def test_a_killed_worker_is_restarted_while_the_gateway_serves_on_the_other(tiny
         assert served_by == {"s1"}
         up.wait_for("kvgate: s0 is healthy again")
         deadline = time.monotonic() + 30
+        while "warming" not in (ready := httpx.get(f"http://127.0.0.1:{gateway_port}/ready").json()):
+            assert time.monotonic() < deadline, f"s0 never warmed up: {ready}"
+            time.sleep(0.1)
+        assert 0 < ready["warming"]["default"]["s0"] < 1
+        # slow start: round robin would give s0 half; coming back cold it takes about a tenth of that at first
+        first = [complete(gateway_port, f"back {i}").headers["x-kvgate-worker"] for i in range(40)]
+        assert first.count("s0") < 10, first
+        metrics = httpx.get(f"http://127.0.0.1:{gateway_port}/metrics").text
+        assert 'kvgate_worker_warmup_share{worker="s1"} 1.0' in metrics
+        assert 'kvgate_worker_warmup_share{worker="s0"} 0.' in metrics
         while "s0" not in served_by:
             assert time.monotonic() < deadline, "the restarted worker never served through the gateway"
             reply = complete(gateway_port, f"after the restart {len(served_by)}")

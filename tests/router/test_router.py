@@ -424,3 +424,18 @@ def test_a_worker_whose_running_requests_hold_its_blocks_is_charged_for_a_prompt
     router.worker_load_scraped(full, running_requests=1, kv_usage_frac=0.75)
     router.worker_load_scraped(roomy, running_requests=1, kv_usage_frac=0.25)
     assert router.route(RouteRequest(model="m", prompt=PROMPT)).decision.worker_id == roomy
+
+
+def test_a_worker_back_in_rotation_cold_is_held_back_while_it_warms_and_its_share_is_reported(clock) -> None:
+    router = Router({"main": [WorkerSpec("w0", "m", 16), WorkerSpec("w1", "m", 16)]},
+                    RoutingRules((rule("default", "main", policy_type="round_robin"),)), clock=clock,
+                    rng=random.Random(3), slow_start_s={"main": 30.0})
+    router.start_warm_up("w0")
+    assert router.stats().warm_up == {"w0": 0.1, "w1": 1.0}
+    decisions = [router.route(RouteRequest(model="m", prompt=[i] * 16)).decision for i in range(200)]
+    taken = sum(d.worker_id == "w0" for d in decisions)
+    assert taken < 30  # round robin would give it 100
+    held = next(d for d in decisions if d.held_back == "w0")
+    assert held.worker_id == "w1" and "slow_start_held_back=w0" in held.explain()
+    clock.advance(30.0)
+    assert router.stats().warm_up == {"w0": 1.0, "w1": 1.0}
