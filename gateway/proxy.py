@@ -203,34 +203,44 @@ class ProxyEndpoint:
             record["admission_s"] = round(time.perf_counter() - waited, 6)
         session = None
         try:
-            with step_span(tracer, "route") as span:
-                ticket, route_req = await self._route_in_plan(route_req, pool_plan, permit, body_bytes, record, span)
-                if span is not None or record is not None:
-                    self._describe_route(ticket, span, record)
-            if permit.request.pool != pool:  # served by a fallback pool
-                pool = state["pool"] = permit.request.pool
-                if record is not None:
-                    record["pool"] = pool
-            if route_req.model != body["model"]:  # a fallback pool serving another model
-                body = {**body, "model": route_req.model}
-            permit.prompt_counted(ticket.decision.num_prompt_tokens or 0)
             headers = {name: request_headers[name] for name in FORWARDED_HEADERS if name in request_headers}
             headers.update(state.get("trace_headers", {}))
             headers["x-request-id"] = request_id
             headers["x-priority"] = str(int(priority))  # the admitted class, as the worker's integer priority
             client_stream = bool(body.get("stream"))
             stream_options = body.get("stream_options") or {}
-            req = ProxyRequest(kind=self.kind, path=self.path, body=_without_client_priority(body), model=body["model"],
-                               pool=pool, tenant=tenant, request_id=request_id,
-                               headers=headers, client_stream=client_stream,
-                               # the aggregated response always carries usage
-                               client_include_usage=not client_stream or bool(stream_options.get("include_usage")),
-                               body_bytes=body_bytes, state=state)
-            session = Session(req=req, ticket=ticket, permit=permit, fleet=self.fleet, upstream=self.upstream,
-                              settings=self.settings, metrics=self.metrics,
-                              tokenizer=self.tokenizers.get(req.model), rng=self.rng, offload=self.offload,
-                              tracer=tracer, n=body.get("n") or 1)
-            return session, await session.start()
+            tried_pools: list[str] = []
+            while True:
+                with step_span(tracer, "route") as span:
+                    ticket, routed = await self._route_in_plan(route_req, pool_plan, permit, body_bytes, record, span)
+                    if span is not None or record is not None:
+                        self._describe_route(ticket, span, record)
+                if permit.request.pool != pool:  # served by a fallback pool
+                    pool = state["pool"] = permit.request.pool
+                    if record is not None:
+                        record["pool"] = pool
+                # a fallback pool serving another model gets the request under its model's name
+                sent = body if routed.model == body["model"] else {**body, "model": routed.model}
+                permit.prompt_counted(ticket.decision.num_prompt_tokens or 0)
+                req = ProxyRequest(kind=self.kind, path=self.path, body=_without_client_priority(sent),
+                                   model=sent["model"], pool=pool, tenant=tenant, request_id=request_id,
+                                   headers=headers, client_stream=client_stream,
+                                   # the aggregated response always carries usage
+                                   client_include_usage=not client_stream or bool(stream_options.get("include_usage")),
+                                   body_bytes=body_bytes, state=state)
+                session = Session(req=req, ticket=ticket, permit=permit, fleet=self.fleet, upstream=self.upstream,
+                                  settings=self.settings, metrics=self.metrics,
+                                  tokenizer=self.tokenizers.get(req.model), rng=self.rng, offload=self.offload,
+                                  tracer=tracer, n=body.get("n") or 1)
+                try:
+                    return session, await session.start()
+                except ApiError as exc:  # no worker of the pool could begin the answer
+                    tried_pools.append(pool)
+                    target = fallbacks.after_failed_attempts(pool_plan, exc.code, tried_pools)
+                    if target is None or not permit.retry_allowed():  # the move is a retry: it spends the budget
+                        raise
+                await self.admission.move(permit, target.pool)
+                fallbacks.note_move(self.metrics, record, None, pool, target.pool, fallbacks.UNAVAILABLE)
         except BaseException:
             dropped = session is not None and session.ticket.outcome in _DROPPED
             permit.end(queue_delay_s=None, dropped=dropped, usage=None)
@@ -244,7 +254,7 @@ class ProxyEndpoint:
             raise self._no_route(route_req, exc) from None
         pool_plan = fallbacks.plan(choices, self.admission.tenant(tenant))
         if pool_plan is None:
-            raise self._no_route(route_req, NoRouteError(fallbacks.unavailable(choices, tenant)))
+            raise self._no_route(route_req, NoRouteError(fallbacks.no_pool_message(choices, tenant)))
         return pool_plan
 
     async def _route_in_plan(self, route_req: RouteRequest, pool_plan: fallbacks.PoolPlan, permit: Permit,

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from admission.tenants import TenantPolicy
-from gateway.fallbacks import CONTEXT_LENGTH_EXCEEDED, OVERLOADED, UNAVAILABLE, plan, reason_for, unavailable
+from gateway.fallbacks import (CONTEXT_LENGTH_EXCEEDED, OVERLOADED, UNAVAILABLE, after_failed_attempts, no_pool_message,
+                               plan, reason_for)
 from router.router import PoolChoice
 
 ANY = TenantPolicy("anyone")
@@ -72,7 +73,15 @@ def test_a_tenant_that_refuses_moves_still_gets_its_own_pool():
 
 def test_a_request_without_a_pool_is_told_where_no_worker_was_or_which_moves_its_tenant_refused():
     down = choice("primary", available=False)
-    assert unavailable([down, choice("small", UNAVAILABLE, available=False), SPARE], "t") == (
+    assert no_pool_message([down, choice("small", UNAVAILABLE, available=False), SPARE], "t") == (
         "pool 'primary' has no healthy worker for model 'primary-model'; tenant 't' accepts none of its fallback pools")
-    assert unavailable([down, choice("small", UNAVAILABLE, available=False), LONG], "t") == (
+    assert no_pool_message([down, choice("small", UNAVAILABLE, available=False), LONG], "t") == (
         "pool 'primary' has no healthy worker for model 'primary-model', nor fallback 'small'")
+
+
+def test_a_request_whose_attempts_all_failed_moves_to_the_next_untried_unavailable_fallback():
+    chosen = plan([PRIMARY, LONG, SMALL, SPARE], ANY)
+    assert after_failed_attempts(chosen, "upstream_unavailable", ["primary"]) is SMALL
+    assert after_failed_attempts(chosen, "upstream_unavailable", ["primary", "small"]) is SPARE
+    assert after_failed_attempts(chosen, "upstream_unavailable", ["primary", "small", "spare"]) is None
+    assert after_failed_attempts(chosen, "deadline_exceeded", ["primary"]) is None  # only failed attempts move

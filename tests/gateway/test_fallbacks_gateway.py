@@ -102,3 +102,20 @@ def test_a_prompt_too_long_for_its_pool_goes_to_the_long_context_fallback(tmp_pa
         assert (long_answer.status_code, long_answer.headers["x-kvgate-pool"]) == (200, "small")
         assert long_answer.json()["model"] == "small"
         assert metric_value(gateway.url, "kvgate_fallbacks_total", reason="context_length_exceeded") == 1
+
+
+def test_a_request_whose_every_attempt_failed_before_a_first_token_is_served_by_the_unavailable_fallback(
+        tmp_path, gateway_model_dir):
+    with ExitStack() as stack:
+        small = small_worker(stack, gateway_model_dir)
+        refusing = stack.enter_context(running(fake_worker_process("status503")))  # healthy, refuses every request
+        gateway = start_gateway(stack, two_pools([worker_entry("b0", refusing.url)], small.url, gateway_model_dir,
+                                                 ["unavailable"]), tmp_path)
+        answer = httpx.post(f"{gateway.url}/v1/completions", headers={"Authorization": f"Bearer {KEYS['anyone']}"},
+                            json={"model": "big", "prompt": "hello", "max_tokens": 2}, timeout=30)
+        assert (answer.status_code, answer.headers["x-kvgate-pool"], answer.json()["model"]) == (200, "small", "small")
+        assert metric_value(gateway.url, "kvgate_fallbacks_total", from_pool="big", to_pool="small",
+                            reason="unavailable") == 1
+        strict = httpx.post(f"{gateway.url}/v1/completions", headers={"Authorization": f"Bearer {KEYS['strict']}"},
+                            json={"model": "big", "prompt": "hello", "max_tokens": 2}, timeout=30)
+        assert strict.status_code == 503 and strict.json()["error"]["code"] == "upstream_unavailable"
