@@ -67,6 +67,10 @@ CATALOGUE: tuple[Benchmark, ...] = (
               peers=(NGINX, REDIS_SERVER)),
     Benchmark("admission-overload", ("admission-overload",), "goodput at 2x/5x/10x capacity, refusal latency, "
               "tenants beside a flood, deadlines; admission on vs off on 2 sim workers", "~15 min"),
+    Benchmark("cascading-failure", ("cascading-failure",), "a slow, then a dead, then two cold primary workers "
+              "under 0.9x load: kvgate with fallbacks and slow start vs without fallbacks, sglang-router and "
+              "LiteLLM, on a two-pool sim fleet through the openai SDK", "~35 min (--quick: ~15 min)",
+              optional_peers=(SGLANG_ROUTER, LITELLM)),
     Benchmark("large-bodies", ("large-bodies",), "a small stream's TTFT beside parallel 4 MiB requests, offloaded "
               "vs on the event loop", "~5 min", notes=DEFAULT_MODEL),
     Benchmark("failover-vllm", ("failover-vllm",), "greedy output after a mid-stream SIGKILL equals the "
