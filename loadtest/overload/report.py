@@ -9,8 +9,13 @@ from typing import Any, Mapping, Sequence
 from loadtest.slo import stats
 
 ON, OFF = "admission", "no-admission"
-TARGETS = {"goodput_x_c": 0.9, "refusal_p99_ms": 5.0, "critical_loss": 0.01, "fair_ratio": 0.9,
-           "late_arrivals": 0, "rss_growth_mib": 20.0}
+TARGETS = {"goodput_x_c": 0.9, "refusal_p99_ms": 5.0, "critical_loss": 0.01, "fair_ratio": 0.9, "light_loss": 0.01,
+           "at_arrival": 0.99, "late_arrivals": 0, "rss_growth_mib": 20.0}
+# Refusals decided as a request arrives (the pool's prediction, a full queue, the tenant's own limits) and
+# those decided after it waited in the queue (its allowed wait or deadline passed, or it was shed).
+ARRIVAL_CODES = ("overloaded", "queue_full", "deadline_unmeetable", "requests_per_s", "tokens_per_min",
+                 "max_concurrency")
+AFTER_QUEUEING_CODES = ("queue_timeout", "shed", "deadline_exceeded")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,7 @@ def judge(result: Mapping[str, Any]) -> list[Row]:
     rows += _on_arrival_rows(result)
     rows += _critical_rows(result)
     rows += _fair_rows(result)
+    rows += _light_rows(result)
     rows += _deadline_rows(result)
     rows += _rss_rows(result)
     return rows
@@ -72,32 +78,38 @@ def _level_rows(result: Mapping[str, Any], scenario: str, level: float, c_rps: f
     ]
 
 
-ON_ARRIVAL_CODES = ("deadline_unmeetable", "queue_full", "requests_per_s", "tokens_per_min", "max_concurrency")
-
-
 def _on_arrival_rows(result: Mapping[str, Any]) -> list[Row]:
-    """Refusals decided as a request arrives (no wait in the queue), over every run: the decision's own speed."""
-    on, off = (_latencies(result, v, ON_ARRIVAL_CODES) for v in (ON, OFF))
+    """Refusals decided as a request arrives (no wait in the queue), over every run: their share of all
+    refusals and the decision's own speed."""
+    on, off = (_refusals(result, v, warmup_s=result["settings"]["warmup_s"]) for v in (ON, OFF))
     if not on:
         return []
-    return [Row(f"refusals decided on arrival ({', '.join(c for c in ON_ARRIVAL_CODES if c in _codes(result))}; "
-                "every run): count, p50 / p99 (ms)", _count_pair(on), _count_pair(off), "(for comparison)")]
+    share = _arrival_share(on)
+    return [Row("refusals decided at arrival (overloaded, queue_full, deadline_unmeetable, tenant limits; every "
+                "run, after its warm-up): share of all refusals; then count, p50 / p99 at the client (ms)", _share_text(on),
+                _share_text(off), f">= {TARGETS['at_arrival']:.0%}", share >= TARGETS["at_arrival"])]
 
 
-def _latencies(result: Mapping[str, Any], variant: str, codes: Sequence[str]) -> list[float]:
-    return [e2e_ms for code, e2e_ms, _ in _refusals(result, variant) if code in codes]
+def _arrival_share(refusals: Sequence[tuple[str, float, float | None]]) -> float:
+    return sum(1 for code, _, _ in refusals if code in ARRIVAL_CODES) / len(refusals)
 
 
-def _refusals(result: Mapping[str, Any], variant: str) -> list[tuple[str, float, float | None]]:
+def _share_text(refusals: Sequence[tuple[str, float, float | None]]) -> str:
+    if not refusals:
+        return "-"
+    at_arrival = [e2e_ms for code, e2e_ms, _ in refusals if code in ARRIVAL_CODES]
+    return f"{_arrival_share(refusals):.1%} of {len(refusals)}; {_count_pair(at_arrival)}"
+
+
+def _refusals(result: Mapping[str, Any], variant: str, scenario: str | None = None,
+              warmup_s: float | None = None) -> list[tuple[str, float, float | None]]:
     """(error.code, latency ms at the client, the gateway's own ms) of every refusal in the open-loop
-    runs of one gateway, from the raw records."""
+    runs of one gateway (of one scenario, of the requests sent after warmup_s, when given), from the raw records."""
     return [(r["code"] or "none", r["e2e_ms"], r.get("server_ms")) for key, records in result.get("records", {}).items()
             if key.endswith(f"/{variant}") and not key.startswith("capacity")
-            for r in records if r["status"] in (429, 503) and r["e2e_ms"] is not None]
-
-
-def _codes(result: Mapping[str, Any]) -> set[str]:
-    return {r["code"] for records in result.get("records", {}).values() for r in records if r.get("code")}
+            and (scenario is None or key == f"{scenario}/{variant}")
+            for r in records if r["status"] in (429, 503) and r["e2e_ms"] is not None
+            and (warmup_s is None or r["scheduled_s"] >= warmup_s)]
 
 
 def _count_pair(values: Sequence[float]) -> str:
@@ -138,6 +150,45 @@ def _fair_rows(result: Mapping[str, Any]) -> list[Row]:
                 f">= {TARGETS['fair_ratio']}", on >= TARGETS["fair_ratio"]),
             Row("that tenant's TTFT p50 / p99 (ms) beside the flood", _pair(flood_on and flood_on["ttft_ms"]),
                 _pair(flood_off and flood_off["ttft_ms"]))]
+
+
+LIGHT = "light-beside-flood"
+
+
+def _light_rows(result: Mapping[str, Any]) -> list[Row]:
+    """A standard tenant well within its fair share beside another's flood (issue #50): what it loses, and
+    whether the refusals (nearly all the flood's) are decided at arrival, fast."""
+    on, off = (_tenant(result, LIGHT, v, "std-a") for v in (ON, OFF))
+    if on is None:
+        return []
+    run = find_run(result, LIGHT, ON)
+    offered_x_c = dict(run["offers"])["std-a"] if run.get("offers") else on["offered_rps"] / result["c_rps"]
+    flood_x_c = dict(run["offers"]).get("std-b") if run.get("offers") else None
+    warmup_s = result["settings"]["warmup_s"]
+    refused = {v: _refusals(result, v, LIGHT, warmup_s) for v in (ON, OFF)}
+    server_ms = stats([ms for _, _, ms in refused[ON] if ms is not None])
+    share = _arrival_share(refused[ON]) if refused[ON] else None
+    flood = f"{flood_x_c:g}x C" if flood_x_c else "a"
+    return [Row(f"standard tenant at {offered_x_c:g}x C (fair share 0.5x C) beside another standard tenant's "
+                f"{flood} flood: lost (not answered within SLO)", _loss(on), _loss(off),
+                f"<= {TARGETS['light_loss']:.0%}", on["loss"] <= TARGETS["light_loss"]),
+            Row("that tenant's TTFT p50 / p99 (ms) beside the flood; its refusals by code",
+                f"{_pair(on['ttft_ms'])}; {_codes_text(on)}", f"{_pair(off and off['ttft_ms'])}; {_codes_text(off)}"),
+            Row("that run, both tenants, after its warm-up: refusals decided at arrival (overloaded, queue_full, "
+                "deadline_unmeetable) as a share of all refusals; then count, p50 / p99 at the client (ms)",
+                _share_text(refused[ON]),
+                _share_text(refused[OFF]), f">= {TARGETS['at_arrival']:.0%}",
+                None if share is None else share >= TARGETS["at_arrival"]),
+            Row("that run, both tenants, after its warm-up: refusal latency in the gateway (every reason; its "
+                "Server-Timing) p50 / p99 (ms)",
+                _pair(server_ms, "{:.2f}"), "-", f"p99 <= {TARGETS['refusal_p99_ms']:g} ms",
+                None if server_ms["p99"] is None else server_ms["p99"] <= TARGETS["refusal_p99_ms"])]
+
+
+def _codes_text(figures: Mapping[str, Any] | None) -> str:
+    if figures is None:
+        return "-"
+    return ", ".join(f"{k} {v}" for k, v in figures["by_code"].items()) or "none refused"
 
 
 def _deadline_rows(result: Mapping[str, Any]) -> list[Row]:

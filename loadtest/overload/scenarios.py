@@ -54,14 +54,17 @@ class RequestShape:
 
 
 def default_scenarios(levels: Sequence[float] = (2.0, 5.0, 10.0), flood_x_c: float = 5.0,
-                      small_x_c: float = 0.4, deadline_ms: float = 1000.0) -> list[Scenario]:
+                      small_x_c: float = 0.4, light_x_c: float = 0.35, deadline_ms: float = 1000.0) -> list[Scenario]:
     """Overload levels for one standard tenant; a critical tenant beside a standard flood; a standard
-    tenant within its fair share alone and beside another standard tenant's flood; deadlines in a flood."""
+    tenant within its fair share alone and beside another standard tenant's flood; a lighter one (0.7 of
+    its fair half, issue #50's case) beside the same flood, long enough to tell a 1% loss apart;
+    deadlines in a flood."""
     scenarios = [Scenario(f"load-{level:g}x", (Offer("std-a", level),)) for level in levels]
     return scenarios + [
         Scenario("critical-beside-flood", (Offer("crit", small_x_c), Offer("std-b", flood_x_c)), duration_x=2.0),
         Scenario("fair-alone", (Offer("std-a", small_x_c),)),
         Scenario("fair-beside-flood", (Offer("std-a", small_x_c), Offer("std-b", flood_x_c))),
+        Scenario("light-beside-flood", (Offer("std-a", light_x_c), Offer("std-b", flood_x_c)), duration_x=3.0),
         Scenario("deadline-flood", (Offer("std-a", flood_x_c),), deadline_ms=deadline_ms),
     ]
 

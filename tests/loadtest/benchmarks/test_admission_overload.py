@@ -58,12 +58,14 @@ def test_closed_loop_requests_have_no_arrival_times_and_their_own_markers():
     assert recording_proxy.find_marker(specs[2].messages[0]["content"].encode()) == "capacity-admission-2"
 
 
-def test_default_scenarios_cover_the_levels_the_critical_and_fair_tenants_and_deadlines():
+def test_default_scenarios_cover_the_levels_the_critical_fair_and_light_tenants_and_deadlines():
     names = [s.name for s in default_scenarios()]
     assert names == ["load-2x", "load-5x", "load-10x", "critical-beside-flood", "fair-alone", "fair-beside-flood",
-                     "deadline-flood"]
-    fair = default_scenarios()[5]
+                     "light-beside-flood", "deadline-flood"]
+    fair, light = default_scenarios()[5:7]
     assert fair.rate_rps("std-a", 10.0) == pytest.approx(4.0) and fair.rate_rps("std-b", 10.0) == pytest.approx(50.0)
+    assert light.rate_rps("std-a", 10.0) == pytest.approx(3.5) and light.rate_rps("std-b", 10.0) == pytest.approx(50.0)
+    assert light.duration_x == 3.0  # long enough to tell a loss of 1% apart
     assert default_scenarios()[-1].deadline_ms == 1000.0
 
 
@@ -257,6 +259,44 @@ def test_quick_run_measures_capacity_and_checks_deadlines_on_real_processes(tmp_
     assert on["deadline"]["sent"] == on["sent"] and on["deadline"]["reached_worker"] > 0
     late = [row for row in result["judged"] if row["figure"].startswith("5x C, every request")]
     assert len(late) == 1 and late[0]["result"] in ("PASS", "FAIL")
+
+
+def _raw(tenant, status, code, server_ms=None, scheduled_s=5.0):
+    return {"tenant": tenant, "status": status, "code": code, "e2e_ms": 3.0 if status != 200 else 900.0,
+            "server_ms": server_ms, "scheduled_s": scheduled_s}
+
+
+def _light_result(light_loss, late_codes):
+    """A light-beside-flood run: the flood refused 200 times at arrival (0.2 ms each in the gateway), plus
+    refusals after queueing (late_codes, 1.5 s each); one refusal in the warm-up, not counted."""
+    result = _result()
+    light = {**_figures(3.5, loss=light_loss, offered=200), "by_code": {"overloaded": round(light_loss * 200)}}
+    result["runs"] += [{"scenario": "light-beside-flood", "variant": v, "offers": [["std-a", 0.35], ["std-b", 5.0]],
+                        "tenants": {"std-a": light, "std-b": _figures(6.0)}, "gateway_cpu_share": 0.1}
+                       for v in (ON, OFF)]
+    records = [_raw("std-b", 503, "overloaded", 0.2) for _ in range(200)] + [_raw("std-a", 200, None)]
+    records += [_raw("std-b", 503, code, 1500.0) for code in late_codes]
+    records += [_raw("std-b", 503, "queue_timeout", 1500.0, scheduled_s=1.0)]
+    result["records"] = {"light-beside-flood/admission": records, "light-beside-flood/no-admission": []}
+    return result
+
+
+@pytest.mark.parametrize(("light_loss", "late_codes", "verdicts"), [
+    (0.005, ["deadline_exceeded"], (True, True, True)),
+    (0.02, [], (False, True, True)),
+    (0.0, ["queue_timeout", "shed", "queue_timeout"], (True, False, False)),
+], ids=["passes", "light-tenant-loses-2pct", "refused-after-queueing"])
+def test_the_light_tenants_loss_and_the_share_and_speed_of_refusals_at_arrival_are_judged(light_loss, late_codes,
+                                                                                          verdicts):
+    rows = judge(_light_result(light_loss, late_codes))
+    light = next(r for r in rows if r.figure.startswith("standard tenant at 0.35x C"))
+    share, speed = (next(r for r in rows if r.figure.startswith(f"that run, both tenants, after its warm-up: {text}"))
+                    for text in ("refusals decided at arrival", "refusal latency in the gateway"))
+    assert (light.passed, share.passed, speed.passed) == verdicts
+    overall = next(r for r in rows if r.figure.startswith("refusals decided at arrival"))
+    assert overall.passed == share.passed and overall.admission == share.admission
+    if not late_codes:
+        assert share.admission == "100.0% of 200; 200, 3.0 / 3.0" and speed.admission == "0.20 / 0.20"
 
 
 def test_refusal_latency_is_grouped_by_code_over_one_gateways_runs():
