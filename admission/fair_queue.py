@@ -2,12 +2,15 @@
 
 Within a priority, tenants take turns by weight (start-time fair queuing over tenants: a tenant's
 turns come 1 / weight apart in virtual time, the lowest goes first), so a tenant that floods the
-queue waits behind its own requests, not in front of everyone else's. A tenant that has used less
-than its share lately goes ahead of those that used more, for a short burst (IDLE_CREDIT_TURNS). Within a tenant,
-later steps of a workflow go before new work (the work spent on their earlier steps is lost if
-they fail), then arrival order. When the queue is full, the request shed is the newest of the
-tenant that holds the most of the least urgent priority present, for its weight (possibly the
-request arriving; its new work before its workflow continuations); critical requests are shed last.
+queue waits behind its own requests, not in front of everyone else's. A request admitted without
+queueing takes its tenant's turn too. A tenant that has used less than its share lately goes ahead of
+those that used more, for a bounded burst (IDLE_CREDIT_TURNS); when a busy period ends (the caller
+says when), every tenant starts the next with that credit. Within a tenant, later steps of a workflow go
+before new work (the work spent on their earlier steps is lost if they fail), then arrival order.
+ahead_of() counts the requests a new one would follow, behind() lists those it would go before. When
+the queue is full, the request shed is the newest of the tenant that holds the most of the least urgent
+priority present, for its weight (possibly the request arriving; its new work before its workflow
+continuations); critical requests are shed last.
 """
 
 from __future__ import annotations
@@ -27,8 +30,13 @@ from admission.priority import Priority
 # backlogged tenants. Without it, a tenant using 90% of its share beside a flood is held to exactly its
 # share whenever it has two queued, and its Poisson bursts (2.5 times its mean rate over a second, a few
 # times a minute) wait turns they need not wait. Linux's CFS places a waking task the same way: no further
-# back than a bounded credit behind the queue's minimum.
-IDLE_CREDIT_TURNS = 16.0
+# back than a bounded credit behind the queue's minimum. Beside a flood, the credit is a random walk: each
+# of the flood's turns adds one, each of the tenant's takes one, so a tenant at a fraction f of its share
+# banks 1 - f of the pool's turns and runs dry with a probability that falls as exp(-2 (1 - f) credit)
+# (more slowly when permits come back in clumps). At 16, a tenant at 0.7 of its share beside a 5x flood
+# ran dry about once a minute (issue #50: its burst then took turns with the flood, on the flood's short
+# allowance, and was refused); 32 squares those odds.
+IDLE_CREDIT_TURNS = 32.0
 
 
 @dataclass(eq=False, slots=True)
@@ -68,8 +76,9 @@ class _Level:
     Queueing", 1996). Each request gets a start tag: its tenant's previous finish tag, but no earlier
     than IDLE_CREDIT_TURNS before the virtual time (so idleness earns a bounded credit); finish =
     start + 1 / weight. The lowest start tag goes first, and the virtual time is the highest start tag
-    served. A tenant arriving beside a flood is served first, not after the flood's queued requests;
-    two tenants that both stay backlogged take turns by weight."""
+    served (queued or admitted at once). A tenant arriving beside a flood is served first, not after the
+    flood's queued requests; two tenants that both stay backlogged take turns by weight. As SFQ resets
+    its tags when its server idles, forget_finish_tags() starts a busy period afresh."""
 
     def __init__(self) -> None:
         self.tenants: dict[str, _TenantQueue] = {}
@@ -98,8 +107,7 @@ class _Level:
                 break
         request = (queue.continuations or queue.new).popleft()
         self.size -= 1
-        self.virtual_s = max(self.virtual_s, turn)
-        finish = self._finish[tenant] = turn + 1.0 / queue.weight
+        finish = self._take_turn(tenant, turn, queue.weight)
         if queue:
             queue.turn, queue.seq = finish, next(self._seq)
             heapq.heappush(self.turns, (queue.turn, queue.seq, tenant))
@@ -108,22 +116,61 @@ class _Level:
             self._forget_idle()
         return request
 
+    def serve(self, tenant: str, weight: float) -> None:
+        """A request of tenant admitted without waiting (nothing of this level queued) takes its turn."""
+        self._take_turn(tenant, self._start_tag(tenant), weight)
+        self._forget_idle()
+
+    def _take_turn(self, tenant: str, turn: float, weight: float) -> float:
+        """tenant is served at turn: the virtual time moves to it (if later), its finish tag one turn on."""
+        self.virtual_s = max(self.virtual_s, turn)
+        finish = self._finish[tenant] = turn + 1.0 / weight
+        return finish
+
     def ahead_of(self, request: QueuedRequest) -> int:
         """How many queued requests of this level request would follow: its own tenant's (only the
         continuations, for a continuation), and the other tenants' turns before its own. Of turns
         equal to its own, those already in the heap go first, unless request takes its tenant's turn
         that is there (exact for a new tenant; equal turns not yet in the heap are not counted)."""
+        own, start, entry = self._place(request)
+        return own + sum(self._turns_before(q, start, entry) for name, q in self.tenants.items()
+                         if name != request.tenant)
+
+    def behind(self, request: QueuedRequest) -> list[QueuedRequest]:
+        """The queued requests of this level that request, queued now, would go before: the other
+        tenants' whose turns come after its own (as ahead_of counts them), and its own tenant's new
+        work when it is a continuation."""
+        own, start, entry = self._place(request)
+        passed = []
+        for name, queue in self.tenants.items():
+            if name == request.tenant:
+                if request.continues_workflow:
+                    passed += queue.new
+                continue
+            skip = self._turns_before(queue, start, entry)
+            passed += itertools.islice(itertools.chain(queue.continuations, queue.new), skip, None)
+        return passed
+
+    def _place(self, request: QueuedRequest) -> tuple[int, float, tuple[float, float]]:
+        """Where request would go: its own tenant's requests before it, its start tag, and its entry
+        in the heap's order."""
         queue = self.tenants.get(request.tenant)
         if queue:
             own = len(queue.continuations) if request.continues_workflow else len(queue)
             start = queue.turn + own / queue.weight
-            entry = (queue.turn, queue.seq) if own == 0 else (start, math.inf)
-        else:
-            start, own = self._start_tag(request.tenant), 0
-            entry = (start, math.inf)
-        others = sum(min(len(q), max(int((q.turn, q.seq) < entry), math.ceil((start - q.turn) * q.weight)))
-                     for name, q in self.tenants.items() if name != request.tenant)
-        return own + others
+            return own, start, (queue.turn, queue.seq) if own == 0 else (start, math.inf)
+        start = self._start_tag(request.tenant)
+        return 0, start, (start, math.inf)
+
+    @staticmethod
+    def _turns_before(queue: _TenantQueue, start: float, entry: tuple[float, float]) -> int:
+        """How many of another tenant's queued requests are served before a start tag of start."""
+        return min(len(queue), max(int((queue.turn, queue.seq) < entry), math.ceil((start - queue.turn) * queue.weight)))
+
+    def requests(self) -> Iterator[QueuedRequest]:
+        for queue in self.tenants.values():
+            yield from queue.continuations
+            yield from queue.new
 
     def under_share(self, tenant: str) -> bool:
         queue = self.tenants.get(tenant)
@@ -135,6 +182,9 @@ class _Level:
         """The turn of a tenant that has nothing queued: its last finish tag, within the credit."""
         floor = self.virtual_s - IDLE_CREDIT_TURNS
         return max(floor, self._finish.get(tenant, floor))
+
+    def forget_finish_tags(self) -> None:
+        self._finish.clear()
 
     def _forget_idle(self) -> None:
         """Finish tags at or behind the credit's floor say nothing more (_start_tag picks the floor)."""
@@ -180,12 +230,22 @@ class FairQueue:
 
     def __iter__(self) -> Iterator[QueuedRequest]:
         for level in self._levels.values():
-            for queue in level.tenants.values():
-                yield from queue.continuations
-                yield from queue.new
+            yield from level.requests()
 
     def depth(self, priority: Priority) -> int:
         return self._levels[priority].size
+
+    def serve_at_once(self, request: QueuedRequest) -> None:
+        """request was admitted without queueing (nothing as urgent waited): it takes its tenant's turn
+        all the same, so service counts alike however it was given (a flood admitted at once as a clump of
+        permits comes back still moves the virtual time, and the credit of the others with it)."""
+        self._levels[request.priority].serve(request.tenant, request.weight)
+
+    def end_busy_period(self, priority: Priority) -> None:
+        """The queue of this priority stood empty (the caller judges for how long): every tenant starts
+        the next busy period with its full credit, whoever was served more in the last one (SFQ resets
+        its tags when its server idles)."""
+        self._levels[priority].forget_finish_tags()
 
     def backlogged_since_s(self, tenant: str, priority: Priority) -> float | None:
         """Since when the tenant has had requests of this priority queued without a break (by their
@@ -205,6 +265,12 @@ class FairQueue:
         priority whose turns come before its tenant's next."""
         more_urgent = sum(self._levels[p].size for p in Priority if p < request.priority)
         return more_urgent + self._levels[request.priority].ahead_of(request)
+
+    def behind(self, request: QueuedRequest) -> list[QueuedRequest]:
+        """Queued requests a new one would go before: every less urgent one, and those of its own
+        priority whose turns come after its own (ahead_of's complement)."""
+        less_urgent = [r for p in Priority if p > request.priority for r in self._levels[p].requests()]
+        return self._levels[request.priority].behind(request) + less_urgent
 
     def push(self, request: QueuedRequest) -> QueuedRequest | None:
         """Queue request; when full, shed one (see the module docstring) and return it: the request

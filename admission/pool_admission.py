@@ -2,22 +2,29 @@
 
 A request is admitted at once while fewer than `limit` admitted requests are in flight and nobody
 as urgent waits (critical ones while fewer than the pool's max_limit are: the adaptive limit shapes the other
-priorities' work around theirs, and the workers, which get the admitted priority, serve them first). Otherwise its wait is predicted (the requests it would follow in the fair queue, one permit
-interval each: mean time a permit is held / limit) and held against the wait it is allowed, which
-depends on whether the request's tenant's queue drains (CoDel's idea, kept per tenant as FQ-CoDel
-keeps it per flow): while the tenant has had nothing of this priority queued at some moment within
-the last queue_interval_s, what the pool can drain in that interval (a burst is absorbed; at least
-the standing allowance), and a tenant served less than its fair share as much as its credit in the
-fair queue covers; otherwise its queue is standing (it offers more than the pool serves it) and its standard and batch requests are allowed queue_target_s (at least four permit
-intervals), so the queue stays short and the answers that are given are fast. A tenant sending
-within its share beside a flood keeps the draining allowance: the flood's queue is the one that
-stands, and the flood's requests are the ones refused. Critical requests
-are allowed max_queue_wait_s. A request whose predicted wait passes what it is allowed, or whose
-predicted first token (wait + the pool's mean time to first token) passes its deadline, is
-refused at once: under overload nearly every refusal is decided on arrival, in microseconds. A
-queued request times out at its deadline, or after WAIT_SLACK times the wait it was allowed (a
-prediction that went wrong); when the queue is full, one request is shed (fair_queue.py). Every
-wait is bounded by max_queue_wait_s.
+priorities' work around theirs, and the workers, which get the admitted priority, serve them first); it
+takes its tenant's turn in the fair queue all the same. Otherwise its wait is predicted (the requests it
+would follow in the fair queue, one permit interval each: mean time a permit is held / limit) and held
+against the wait it is allowed, which depends on whether the request's tenant's queue drains (CoDel's
+idea, kept per tenant as FQ-CoDel keeps it per flow): while the tenant has had nothing of this priority
+queued at some moment within the last queue_interval_s, what the pool can drain in that interval (a burst
+is absorbed; at least the standing allowance), and a tenant served less than its fair share as much as its
+credit in the fair queue covers; otherwise its queue is standing (it offers more than the pool serves it)
+and its standard and batch requests are allowed queue_target_s (at least four permit intervals), so the
+queue stays short and the answers that are given are fast. A tenant sending within its share beside a
+flood keeps the draining allowance: the flood's queue is the one that stands, and the flood's requests are
+the ones refused. Critical requests are allowed max_queue_wait_s. A request whose predicted wait passes
+what it is allowed, or whose predicted first token (wait + the pool's mean time to first token) passes its
+deadline, is refused at once: under overload nearly every refusal is decided on arrival, in microseconds.
+
+A prediction counts those queued when the request arrives; what comes later is accounted as it comes:
+a request that goes ahead of queued ones (queued ahead on its tenant's credit or a workflow's, more
+urgent, or critical and admitted past the limit) moves their allowed waits by one permit interval each,
+and a cut of the limit by the permits it took back, so a request queued on a sound prediction is admitted,
+not timed out. A queued request times out at its deadline, or after WAIT_SLACK times the wait it was
+allowed (a prediction that went wrong); when the queue is full, one request is shed (fair_queue.py). Every
+wait is bounded by max_queue_wait_s. A priority whose queue has stood empty for queue_interval_s ends its
+fair queue's busy period: the next starts every tenant with the same credit.
 
 Pure logic: the gateway holds the waiting clients and calls expire() a few times a second.
 """
@@ -28,7 +35,7 @@ import dataclasses
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from admission.concurrency_limit import AimdLimit, LimitConfig
@@ -66,9 +73,9 @@ class Verdict:
 
 
 ADMITTED = Verdict("admitted")
-# A request queued on a predicted wait within its bound may wait this many times the bound before it
-# times out: predictions err (a fair queue lets tenants that arrive later go first; service times
-# vary), and a time-out after a wait is a slow refusal where one at arrival is fast.
+# A request queued on a predicted wait within its bound may wait this many times the bound (plus what
+# requests that went ahead of it later added) before it times out: predictions err (permits come back in
+# clumps; service times vary), and a time-out after a wait is a slow refusal where one at arrival is fast.
 WAIT_SLACK = 3.0
 STANDING_INTERVALS = 4  # permit intervals a standing queue allows at least
 
@@ -90,6 +97,7 @@ class PoolAdmission:
         self.in_flight = 0
         self.mean_service_s: float | None = None  # EWMA of admission to release
         self.mean_first_token_s: float | None = None  # EWMA of admission to first token
+        self._emptied_s: dict[Priority, float] = {}  # since when each priority's queue has stood empty
         self._clock = clock
 
     def set_max_limit(self, max_limit: int) -> None:
@@ -110,11 +118,11 @@ class PoolAdmission:
     def offer(self, request: QueuedRequest) -> Verdict:
         now = self._clock()
         request.enqueued_s = now
+        self._end_idle_busy_period(request.priority, now)
         most_urgent_waiting = self.queue.most_urgent()
         nobody_before = most_urgent_waiting is None or most_urgent_waiting > request.priority
         if nobody_before and self.in_flight < self._capacity(request.priority):
-            self.in_flight += 1
-            return ADMITTED
+            return self._admit_at_once(request)
         allowed_s = self._allowed_wait_s(request, now)
         wait_s = self.predicted_wait_s(request)
         if wait_s is not None:
@@ -122,10 +130,27 @@ class PoolAdmission:
                 return Verdict("rejected", "deadline_unmeetable", self.retry_after_s())
             if wait_s > allowed_s:
                 return Verdict("rejected", "overloaded", self.retry_after_s())
+        return self._enqueue(request, allowed_s, now)
+
+    def _admit_at_once(self, request: QueuedRequest) -> Verdict:
+        """In flight now, as its tenant's turn; a critical request past the limit delays those waiting by a permit."""
+        self.in_flight += 1
+        self.queue.serve_at_once(request)
+        if self.in_flight > self._capacity(Priority.STANDARD) and len(self.queue):
+            self._extend_waits(self.queue, self.permit_interval_s() or 0.0)
+        return ADMITTED
+
+    def _enqueue(self, request: QueuedRequest, allowed_s: float, now: float) -> Verdict:
+        """Queued, allowed WAIT_SLACK times allowed_s; those it goes ahead of wait a permit interval longer."""
         request.max_wait_s = min(self.config.max_queue_wait_s, WAIT_SLACK * allowed_s)
+        passed = self.queue.behind(request)
         shed = self.queue.push(request)
         if shed is request:
             return Verdict("rejected", "queue_full", self.retry_after_s())
+        self._emptied_s.pop(request.priority, None)
+        if shed is not None:
+            self._note_emptied(now)
+        self._extend_waits(passed, self.permit_interval_s() or 0.0)
         return Verdict("queued", shed=shed)
 
     def permit_interval_s(self) -> float | None:
@@ -162,7 +187,8 @@ class PoolAdmission:
         self.limit.on_sample(now, queue_delay_s, self.in_flight + 1, dropped, admitted_s=now - held_s)
         cut = limit_before - int(self.limit.limit)
         if cut > 0:
-            self._extend_waits(cut * (self.permit_interval_s() or 0.0))
+            waiting = [r for r in self.queue if r.priority != Priority.CRITICAL]  # critical: max_limit holds it
+            self._extend_waits(waiting, cut * (self.permit_interval_s() or 0.0))
         return self._admit_waiting(now)
 
     def forget(self) -> list[QueuedRequest]:
@@ -172,7 +198,8 @@ class PoolAdmission:
 
     def cancel(self, request: QueuedRequest) -> None:
         """A queued request's client went away."""
-        self.queue.remove(request)
+        if self.queue.remove(request):
+            self._note_emptied(self._clock())
 
     def expire(self) -> list[tuple[QueuedRequest, str]]:
         """Queued requests past their deadline ("deadline_exceeded"), or past the wait allowed them
@@ -187,6 +214,8 @@ class PoolAdmission:
                 expired.append((request, "queue_timeout"))
         for request, _ in expired:
             self.queue.remove(request)
+        if expired:
+            self._note_emptied(now)
         return expired
 
     def _allowed_wait_s(self, request: QueuedRequest, now: float) -> float:
@@ -228,12 +257,12 @@ class PoolAdmission:
             return self.config.limit.max_limit
         return int(self.limit.limit)
 
-    def _extend_waits(self, delay_s: float) -> None:
-        """A cut took permits back: every standard and batch request queued waits that many permit
-        intervals longer than it was predicted to, through no error of the prediction, so its
-        allowed wait moves by as much (within max_queue_wait_s) rather than ending in a queue_timeout."""
-        for request in self.queue:
-            if request.priority != Priority.CRITICAL and request.max_wait_s is not None:
+    def _extend_waits(self, requests: Iterable[QueuedRequest], delay_s: float) -> None:
+        """These queued requests wait delay_s longer than they were predicted to, through no error of
+        the prediction (a cut took permits back; a request queued after them goes first), so their
+        allowed waits move by as much (within max_queue_wait_s) rather than ending in a queue_timeout."""
+        for request in requests:
+            if request.max_wait_s is not None:
                 request.max_wait_s = min(self.config.max_queue_wait_s, request.max_wait_s + delay_s)
 
     def _admit_waiting(self, now: float) -> list[QueuedRequest]:
@@ -244,7 +273,26 @@ class PoolAdmission:
                 break
             self.in_flight += 1
             admitted.append(request)
+        if admitted:
+            self._note_emptied(now)
         return admitted
+
+    def _note_emptied(self, now: float) -> None:
+        """Requests left the queue: note since when each priority's queue has been empty."""
+        for priority in Priority:
+            if not self.queue.depth(priority):
+                self._emptied_s.setdefault(priority, now)
+
+    def _end_idle_busy_period(self, priority: Priority, now: float) -> None:
+        """Each queue_interval_s a priority's queue stands empty ends a busy period: its fair queue forgets
+        who was served more in the last one, from this arrival on (those admitted at once as the next
+        congestion builds count in it; a short gap, as a clump of permits comes back under steady
+        overload, does not end it)."""
+        if self.queue.depth(priority):
+            return
+        if now - self._emptied_s.setdefault(priority, now) >= self.config.queue_interval_s:
+            self.queue.end_busy_period(priority)
+            self._emptied_s[priority] = now
 
     def _ewma(self, mean: float | None, sample: float) -> float:
         alpha = self.config.service_ewma_alpha

@@ -1,6 +1,7 @@
 """The fair queue: strict priority, start-time fair turns across tenants (a tenant under its share
-goes first, for a bounded burst), workflow continuations first within a tenant, how many a new request would
-follow, removal, and who is shed when it is full."""
+goes first, for a bounded burst; requests admitted at once count as turns; credit starts afresh after a busy
+period), workflow continuations first within a tenant, how many a new request would follow and which it would
+go before, removal, and who is shed when it is full."""
 
 from collections import Counter
 
@@ -115,8 +116,32 @@ def test_a_tenant_under_its_share_beside_a_flood_goes_first_and_one_over_it_take
     light = [name for name in served if name.startswith("light")]
     assert [served.index(name) for name in light] == [int(name[5:]) for name in light]  # each burst at once
     fill(queue, "light", 100)
-    tail = [name.rstrip("0123456789") for name in drain(queue, 60)]
-    assert Counter(tail[-40:]) == {"flood": 20, "light": 20}  # once it floods too: its share
+    tail = [name.rstrip("0123456789") for name in drain(queue, int(IDLE_CREDIT_TURNS) + 40)]
+    assert Counter(tail[-40:]) == {"flood": 20, "light": 20}  # once it floods too (its credit spent): its share
+
+
+def test_a_request_admitted_at_once_takes_its_tenants_turn():
+    """Service counts alike whether it was queued or not: a tenant admitted at once five times, as a
+    clump of permits came back, has five turns fewer of credit than one that was not."""
+    queue = FairQueue(100)
+    for _ in range(5):
+        queue.serve_at_once(request("clumped"))
+    fill(queue, "clumped", 3)
+    fill(queue, "other", 3)
+    assert drain(queue) == ["other0", "other1", "other2", "clumped0", "clumped1", "clumped2"]
+
+
+@pytest.mark.parametrize(("ended", "first"), [(False, ["new"] * 6), (True, ["new", "busy"] * 3)],
+                         ids=["same-busy-period", "busy-period-ended"])
+def test_once_a_busy_period_ends_the_tenant_served_most_in_it_starts_the_next_with_full_credit(ended, first):
+    queue = FairQueue(1000)
+    fill(queue, "busy", 100)
+    drain(queue)  # busy's next turn is one past the virtual time: no credit left
+    if ended:
+        queue.end_busy_period(STANDARD)
+    fill(queue, "new", 10)
+    fill(queue, "busy", 10)
+    assert [name.rstrip("0123456789") for name in drain(queue, 6)] == first
 
 
 def test_a_heavier_tenant_banks_credit_in_proportion_to_its_weight():
@@ -210,7 +235,7 @@ def test_ahead_of_a_new_tenant_counts_only_the_turns_before_its_next_and_a_backl
     assert queue.ahead_of(request("new", BATCH)) == 11  # everything standard, and bulk's head
 
 
-@pytest.mark.parametrize(("steps", "newcomer"), [
+ARRIVALS = pytest.mark.parametrize(("steps", "newcomer"), [
     ([("flood", 5)], "new"),
     ([("flood", 5), 2], "new"),
     ([("flood", 5), ("a", 2), 3], "new"),
@@ -220,7 +245,9 @@ def test_ahead_of_a_new_tenant_counts_only_the_turns_before_its_next_and_a_backl
     ([("a", 2), ("b", 3), 2, ("c", 2), 1], "a"),
 ], ids=["fresh-flood", "served-flood", "flood-and-light", "three-tenants", "returning-tenant", "weighted",
         "emptied-and-back"])
-def test_ahead_of_a_new_tenants_request_is_how_many_are_served_before_it(steps, newcomer):
+
+
+def queue_after(steps) -> FairQueue:
     """steps: (tenant, count) pushes that many (tenant w2 has weight 2); a number pops that many."""
     queue = FairQueue(100)
     for step in steps:
@@ -228,11 +255,41 @@ def test_ahead_of_a_new_tenants_request_is_how_many_are_served_before_it(steps, 
             drain(queue, step)
         else:
             fill(queue, step[0], step[1], weight=2 if step[0] == "w2" else 1)
+    return queue
+
+
+@ARRIVALS
+def test_ahead_of_a_new_tenants_request_is_how_many_are_served_before_it(steps, newcomer):
+    queue = queue_after(steps)
     arriving = request(newcomer, name="newcomer")
     predicted = queue.ahead_of(arriving)
     queue.push(arriving)
     served = drain(queue)
     assert served.index("newcomer") == predicted, served
+
+
+@ARRIVALS
+def test_behind_are_the_queued_requests_served_after_a_new_one(steps, newcomer):
+    queue = queue_after(steps)
+    arriving = request(newcomer, name="newcomer")
+    passed = [r.handle for r in queue.behind(arriving)]
+    assert len(passed) + queue.ahead_of(arriving) == len(queue)
+    queue.push(arriving)
+    served = drain(queue)
+    assert sorted(passed) == sorted(served[served.index("newcomer") + 1:]), served
+
+
+def test_behind_a_request_are_every_less_urgent_one_and_for_a_continuation_its_tenants_new_work():
+    queue = FairQueue(100)
+    fill(queue, "agent", 2)
+    fill(queue, "other", 2)
+    fill(queue, "bulk", 2, priority=BATCH)
+    assert [r.handle for r in queue.behind(request("gold", CRITICAL))] == ["agent0", "agent1", "other0", "other1",
+                                                                          "bulk0", "bulk1"]
+    # a continuation takes its tenant's next turn, which comes before other's (queued later)
+    assert [r.handle for r in queue.behind(request("agent", step=2))] == ["agent0", "agent1", "other0", "other1",
+                                                                         "bulk0", "bulk1"]
+    assert [r.handle for r in queue.behind(request("agent"))] == ["bulk0", "bulk1"]
 
 
 def test_ahead_of_a_workflow_continuation_counts_only_its_tenants_continuations():

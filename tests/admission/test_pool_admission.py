@@ -103,7 +103,7 @@ def test_a_workflows_later_step_is_admitted_before_its_tenants_new_work(clock):
     pool.offer(request("other", name="other0"))
     pool.offer(request("agent", name="step3", step=3))
     admitted = [name for _ in range(3) for name in names(pool.release(held_s=1.0, queue_delay_s=None))]
-    assert admitted == ["step3", "other0", "new-task"]
+    assert admitted == ["other0", "step3", "new-task"]  # other first: agent's running request was agent's turn
 
 
 def test_forget_gives_the_slot_to_the_next_request_without_a_sample(clock):
@@ -237,7 +237,8 @@ def test_the_predicted_wait_counts_the_requests_in_flight_above_a_cut_limit(cloc
     assert pool.permit_interval_s() == 1.5
     # one over the limit, r4 and r5 of its tenant, and its own turn
     assert pool.predicted_wait_s(request()) == pytest.approx((1 + 2 + 1) * 1.5)
-    assert pool.predicted_wait_s(request("other")) == pytest.approx((1 + 1 + 1) * 1.5)  # after r4
+    # ahead of r4 and r5: r0-r3, admitted at once, were its tenant's turns
+    assert pool.predicted_wait_s(request("other")) == pytest.approx((1 + 0 + 1) * 1.5)
     assert pool.predicted_wait_s(request("gold", CRITICAL)) == pytest.approx(1.5)  # none over its capacity, 3
     # allowed two permit intervals and the one over the limit (4.5 s): the next in line waits out the cut,
     # one more of the tenant already queued twice does not
@@ -268,6 +269,22 @@ def test_a_cut_moves_the_allowed_wait_of_those_queued_by_the_permits_it_took_bac
     allowed = [r.max_wait_s for r in queued[4:]]
     assert pool.release(held_s=3.0, queue_delay_s=2.0) == []  # limit 4 -> 2: two permits, 1.5 s each
     assert [r.max_wait_s for r in queued[4:]] == [a + 2 * 1.5 for a in allowed]
+
+
+def test_a_request_that_goes_ahead_of_queued_ones_moves_their_allowed_waits_by_a_permit_interval(clock):
+    """Queued or admitted past them (critical, over the adaptive limit), a later request delays those
+    waiting by the permit it takes, through no error of their predictions."""
+    settings = PoolAdmissionSettings(LimitConfig(max_limit=4, initial_limit=1), max_queue_wait_s=20.0)
+    pool = PoolAdmission(settings, clock)
+    offer_all(pool, request(name="running"), request(name="first"))
+    pool.release(held_s=1.0, queue_delay_s=None)  # first runs; a permit a second
+    plain, bulk = request("plain"), request("bulk", BATCH)
+    offer_all(pool, plain, bulk)
+    allowed = {r.handle: r.max_wait_s for r in (plain, bulk)}
+    assert pool.offer(request("gold", CRITICAL)).outcome == "admitted"  # past the limit: one permit more
+    assert pool.offer(request("other")).outcome == "queued"  # after plain (same turn, queued first), before bulk
+    assert pool.offer(request("plain")).outcome == "queued"  # plain's next turn: before bulk only
+    assert (plain.max_wait_s, bulk.max_wait_s) == (allowed["plain"] + 1.0, allowed["bulk"] + 3.0)
 
 
 def test_the_predicted_wait_counts_only_work_as_urgent_or_more_and_the_turns_before_its_tenants(clock):
@@ -345,7 +362,7 @@ def test_while_the_queue_drains_standard_and_batch_are_allowed_queue_interval_s(
     offer_all(pool, request(name="running"), request(name="first"))
     pool.release(held_s=1 / 32, queue_delay_s=None)  # the queue drained just now
     plain, bulk, gold = request("plain"), request("bulk", BATCH), request("gold", CRITICAL)
-    assert offer_all(pool, plain, bulk, gold) == ["queued"] * 3
+    assert offer_all(pool, gold, plain, bulk) == ["queued"] * 3  # in order of urgency: nobody goes ahead of another
     assert plain.max_wait_s == bulk.max_wait_s == min(MAX_QUEUE_WAIT_S, WAIT_SLACK * allowed_s)
     assert gold.max_wait_s == MAX_QUEUE_WAIT_S
 
@@ -357,7 +374,8 @@ def test_once_the_queue_stands_standard_and_batch_are_allowed_queue_target_s_or_
     pool = standing_pool(clock, held_s=held_s)
     bulk, gold = request("bulk", BATCH), request("gold", CRITICAL)
     assert offer_all(pool, bulk, gold) == ["queued", "queued"]
-    assert bulk.max_wait_s == min(MAX_QUEUE_WAIT_S, WAIT_SLACK * allowed_s)
+    # gold, queued after bulk, goes first: bulk waits a permit interval (held_s) more than it was allowed
+    assert bulk.max_wait_s == min(MAX_QUEUE_WAIT_S, WAIT_SLACK * allowed_s + held_s)
     assert gold.max_wait_s == MAX_QUEUE_WAIT_S
 
 
@@ -368,7 +386,7 @@ def test_beside_a_tenant_whose_queue_stands_one_whose_queue_drains_keeps_the_dra
     pool = standing_pool(clock, held_s=1 / 32)
     flood, light = request("bulk", BATCH), request("light", BATCH)
     assert offer_all(pool, flood, light) == ["queued", "queued"]
-    assert flood.max_wait_s == WAIT_SLACK * QUEUE_TARGET_S
+    assert flood.max_wait_s == WAIT_SLACK * QUEUE_TARGET_S + 1 / 32  # and a permit interval: light goes first
     assert light.max_wait_s == WAIT_SLACK * QUEUE_INTERVAL_S
     clock.advance(QUEUE_INTERVAL_S + EPSILON_S)  # light's queue has not emptied, but it is under its share
     later = request("light", BATCH)
@@ -378,12 +396,12 @@ def test_beside_a_tenant_whose_queue_stands_one_whose_queue_drains_keeps_the_dra
 
 def test_a_tenant_under_its_share_may_queue_a_burst_its_credit_covers(clock):
     """Beside a flood that spent its credit, a tenant served less than its share goes first: it may
-    queue IDLE_CREDIT_TURNS permit intervals of its own (8 x 0.25 s here, more than the flood's second)."""
-    pool = standing_pool(clock, held_s=0.25)
+    queue IDLE_CREDIT_TURNS permit intervals of its own (32 x 0.25 s here, more than the flood's second)."""
+    pool = standing_pool(clock, held_s=0.25, max_queue_wait_s=4 * IDLE_CREDIT_TURNS * 0.25)
     light = [request("light", BATCH, name=f"light{i}") for i in range(int(IDLE_CREDIT_TURNS) + 1)]
     verdicts = [pool.offer(r) for r in light]
     assert [v.outcome for v in verdicts] == ["queued"] * int(IDLE_CREDIT_TURNS) + ["rejected"]
-    assert light[0].max_wait_s == min(MAX_QUEUE_WAIT_S, WAIT_SLACK * IDLE_CREDIT_TURNS * 0.25)
+    assert light[0].max_wait_s == WAIT_SLACK * IDLE_CREDIT_TURNS * 0.25
     assert pool.offer(request("bulk", BATCH)).reason == "overloaded"  # it follows all of light's
     assert names(pool.release(held_s=0.25, queue_delay_s=None)) == ["light0"]
 
