@@ -1,6 +1,7 @@
 """Admission under overload, on a `sim` fleet: capacity C, then 2x, 5x and 10x C offered; a critical
-tenant and a fair-share tenant beside a flood; deadlines; the gateway's RSS. Every scenario runs
-through a gateway with admission and one with admission off, in the same run, as ratios to C.
+tenant, a fair-share tenant and a light one (issue #50: 0.35x C, its loss and the share of refusals
+decided at arrival) beside a flood; deadlines; the gateway's RSS. Every scenario runs through a gateway
+with admission and one with admission off, in the same run, as ratios to C.
 
     kvgate bench admission-overload [--quick] [--no-doc]
 
